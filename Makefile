@@ -1,0 +1,32 @@
+# The two commands a user needs: `make bench` and `make test`.
+# Both set up .venv/ first (Debian packages, Python packages, the zmq_ops op).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.feedbench-installed
+BENCH_ARGS ?=
+TEST_ARGS ?=
+
+.PHONY: install op bench test lint fuzz soak clean
+
+install: $(STAMP) op
+
+$(STAMP): setup.py scripts/setup_env.sh
+	PYTHON=$(PYTHON) bash scripts/setup_env.sh
+	touch $@
+
+# Rebuilds the op only when its sources or the installed TensorFlow changed.
+op: $(STAMP)
+	$(PY) zmq_ops/build.py
+
+bench: install
+	$(PY) bench_input.py $(BENCH_ARGS)
+
+test: install
+	$(PY) -m pytest $(TEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf build *.egg-info zmq_ops/*.so results

@@ -1,0 +1,91 @@
+"""feedbench: a benchmark and profiler for the input pipelines of deep-learning training.
+
+`pip install --no-build-isolation -e .` also builds the zmq_ops TensorFlow op
+against the TensorFlow already installed (that is why build isolation is off:
+the op must link against the very TensorFlow that will load it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+TF_VERSION = "2.21.0"
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def _has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def tensorflow_requirements() -> list[str]:
+    """TensorFlow and tf_keras, without ever pulling a second TensorFlow wheel.
+
+    `tensorflow` and `tensorflow-cpu` overwrite each other's files. tf_keras
+    depends on `tensorflow` by name, so next to `tensorflow-cpu` it must be
+    installed with --no-deps (scripts/setup_env.sh does) and is not listed here.
+    """
+    if _installed("tensorflow-cpu") or (not _installed("tensorflow") and not _has_gpu()):
+        return [f"tensorflow-cpu=={TF_VERSION}"]
+    return [f"tensorflow=={TF_VERSION}", f"tf_keras=={TF_VERSION}"]
+
+
+class BuildZmqOps(build_ext):
+    """Builds the zmq_ops op library with TensorFlow's own compile and link flags."""
+
+    def build_extension(self, ext: Extension) -> None:
+        spec = importlib.util.spec_from_file_location("zmq_ops_build", HERE / "zmq_ops" / "build.py")
+        builder = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(builder)
+        built = builder.build()
+        target = Path(self.get_ext_fullpath(ext.name))
+        if target.resolve() != built.resolve():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(built, target)
+
+
+setup(
+    name="feedbench",
+    version="0.1.0",
+    description="Benchmark and profiler for the input pipelines that feed deep-learning training",
+    python_requires=">=3.11",
+    packages=["wire", "producers", "consumers", "feeders", "models", "zmq_ops", "profiler"],
+    py_modules=["bench_input"],
+    package_data={"wire": ["vectors.json"], "zmq_ops": ["src/*.cc", "src/*.h"]},
+    ext_modules=[Extension("zmq_ops._zmq_ops", sources=[])],
+    cmdclass={"build_ext": BuildZmqOps},
+    install_requires=[
+        *tensorflow_requirements(),
+        "tensorpack==0.11",
+        "pyzmq>=25",
+        "msgpack>=1.0",
+        "numpy>=1.26",
+        "psutil>=5.9",
+        "tqdm>=4.66",
+        "tabulate>=0.9",
+        "matplotlib>=3.8",
+        "scikit-image>=0.22",
+        "pillow>=10",
+        "simplejpeg>=1.7",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.5"],
+        "dali": ["nvidia-dali-cuda120>=2.0"],
+    },
+    entry_points={"console_scripts": ["feedbench=bench_input:main"]},
+)
