@@ -64,7 +64,7 @@ setup(
     version="0.1.0",
     description="Benchmark and profiler for the input pipelines that feed deep-learning training",
     python_requires=">=3.11",
-    packages=["wire", "producers", "consumers", "feeders", "models", "zmq_ops", "profiler"],
+    packages=["wire", "producers", "consumers", "feeders", "models", "trainer", "zmq_ops", "profiler"],
     py_modules=["bench_input"],
     package_data={"wire": ["vectors.json"], "zmq_ops": ["src/*.cc", "src/*.h"]},
     ext_modules=[Extension("zmq_ops._zmq_ops", sources=[])],

@@ -1,0 +1,27 @@
+"""Import TensorFlow the way tensorpack 0.11 needs it on TensorFlow 2.21.
+
+tensorpack uses the Keras 2 layers (tf_keras) and v1 graph-mode APIs, so
+TF_USE_LEGACY_KERAS must be set before TensorFlow is first imported and v2
+behaviour turned off before any graph is built. Every module that builds a
+graph imports TensorFlow through `tf()` so the order is always right.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+_tf: ModuleType | None = None
+
+
+def tf() -> ModuleType:
+    """TensorFlow in v1-compatible graph mode (imported once, quietly)."""
+    global _tf
+    if _tf is None:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow
+
+        tensorflow.compat.v1.disable_v2_behavior()
+        _tf = tensorflow
+    return _tf
