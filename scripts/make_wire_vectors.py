@@ -28,7 +28,16 @@ def zmsg(*tensors: bytes, n: int | None = None) -> bytes:
     return struct.pack("<i", len(tensors) if n is None else n) + b"".join(tensors)
 
 
-def nhead(descs: list[tuple[int, list[int]]], pid=7, seq=42, t=1_700_000_000_123_456_789, extras=b"", version=1, n=None, magic=b"FBWN") -> bytes:
+def nhead(
+    descs: list[tuple[int, list[int]]],
+    pid=7,
+    seq=42,
+    t=1_700_000_000_123_456_789,
+    extras=b"",
+    version=1,
+    n=None,
+    magic=b"FBWN",
+) -> bytes:
     fixed = struct.pack("<4sHHIQqI", magic, version, len(descs) if n is None else n, pid, seq, t, len(extras))
     body = b"".join(struct.pack(f"<ii{len(s)}q", c, len(s), *s) for c, s in descs)
     return fixed + body + extras

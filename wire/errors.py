@@ -13,3 +13,13 @@ class WireError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+def byte_view(buf: object) -> memoryview:
+    """A flat unsigned-byte view of any buffer (bytes, zmq frame, numpy array), without a copy."""
+    mv = memoryview(buf)
+    if mv.nbytes == 0:
+        return memoryview(b"")
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    return mv.cast("B")

@@ -14,7 +14,7 @@ import numpy as np
 import zmq
 
 from wire import native
-from wire.errors import WireError
+from wire.errors import WireError, byte_view
 from wire.zmqops_format import dump_arrays, load_arrays
 
 FORMATS = ("native", "zmq_ops")
@@ -59,8 +59,8 @@ def decode_message(frames: Sequence[bytes | memoryview]) -> Batch:
     """Decode a received message of either format."""
     if not frames:
         raise WireError("frames", "empty message")
-    nbytes = sum(len(memoryview(f).cast("B")) for f in frames)
-    first = memoryview(frames[0]).cast("B")
+    nbytes = sum(len(byte_view(f)) for f in frames)
+    first = byte_view(frames[0])
     if len(frames) > 1 or bytes(first[:4]) == native.MAGIC:
         header, arrays = native.decode(frames)
         return Batch(arrays, nbytes, header)

@@ -32,7 +32,7 @@ import msgpack
 import numpy as np
 
 from wire.dtypes import MAX_NDIM, code_of, dtype_of
-from wire.errors import WireError
+from wire.errors import WireError, byte_view
 
 MAGIC = b"FBWN"
 VERSION = 1
@@ -66,7 +66,7 @@ def encode_header(
     """Frame 0 for `arrays`; the arrays themselves go out as frames 1..n."""
     if len(arrays) > MAX_TENSORS:
         raise WireError("n_tensors", f"{len(arrays)} > {MAX_TENSORS}")
-    extra_bytes = msgpack.packb(extras or {}, use_bin_type=True)
+    extra_bytes = msgpack.packb(extras, use_bin_type=True) if extras else b""
     if len(extra_bytes) > MAX_EXTRAS:
         raise WireError("extras_len", f"{len(extra_bytes)} > {MAX_EXTRAS}")
     t = time.time_ns() if send_time_ns is None else send_time_ns
@@ -88,13 +88,13 @@ def encode(
     extras: dict[str, Any] | None = None,
 ) -> list[bytes | np.ndarray]:
     """All frames of one message; tensor frames are the arrays, not copies."""
-    arrays = [np.ascontiguousarray(a) for a in arrays]
+    arrays = [np.require(a, requirements="C") for a in arrays]  # keeps 0-d arrays 0-d
     return [encode_header(arrays, producer_id, seq, send_time_ns, extras), *arrays]
 
 
 def decode_header(buf: bytes | memoryview) -> Header:
     """Parse frame 0, checking every field before anything is allocated."""
-    mv = memoryview(buf).cast("B")
+    mv = byte_view(buf)
     size = len(mv)
     if size < _FIXED.size:
         raise WireError("header", f"{size} bytes, shorter than the {_FIXED.size}-byte fixed part")
@@ -146,7 +146,7 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[Header, list[np.ndarra
         raise WireError("frames", f"header declares {n} tensors but {len(frames) - 1} data frames arrived")
     arrays = []
     for i, (dtype, shape, frame) in enumerate(zip(header.dtypes, header.shapes, frames[1:])):
-        mv = memoryview(frame).cast("B")
+        mv = byte_view(frame)
         count = math.prod(shape)
         expected = count * dtype.itemsize
         if len(mv) != expected:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from wire.dtypes import MAX_NDIM, code_of, dtype_of
-from wire.errors import WireError
+from wire.errors import WireError, byte_view
 
 MAX_TENSORS = 1024
 
@@ -36,7 +36,7 @@ def _as_array(x: object, index: int) -> np.ndarray:
         return np.asarray(x, dtype=np.int32)
     if not isinstance(x, np.ndarray):
         raise WireError(f"tensor[{index}]", f"expected a numpy array, got {type(x).__name__}")
-    return np.ascontiguousarray(x)
+    return np.require(x, requirements="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
 
 
 def dump_arrays(arrays: Sequence[np.ndarray]) -> bytes:
@@ -57,7 +57,7 @@ def dump_arrays(arrays: Sequence[np.ndarray]) -> bytes:
 
 def load_arrays(buf: bytes | memoryview, max_tensors: int = MAX_TENSORS) -> list[np.ndarray]:
     """Parse one zmq_ops frame into read-only arrays that view `buf` (no copy)."""
-    mv = memoryview(buf).cast("B")
+    mv = byte_view(buf)
     size = len(mv)
     if size < 4:
         raise WireError("n_tensors", f"message is {size} bytes, too short for the tensor count")

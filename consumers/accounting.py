@@ -1,0 +1,64 @@
+"""Exact per-producer accounting from the native header's sequence numbers.
+
+ZMQ keeps order on each connection, so for every producer the sequence
+numbers must arrive as 0, 1, 2, ...: a jump is loss, a repeat a duplicate,
+and a fresh 0 after a stream a producer that was restarted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ProducerCount:
+    """What one producer id has delivered so far."""
+
+    received: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    restarts: int = 0
+    next_seq: int = 0
+    last_sent: int = -1  # the producer's own count of batches sent, from its telemetry
+    extras: dict = field(default_factory=dict)
+
+
+class SeqTracker:
+    """Counts received, lost, duplicated and restarted streams per producer."""
+
+    def __init__(self) -> None:
+        self.producers: dict[int, ProducerCount] = {}
+
+    def add(self, producer_id: int, seq: int, extras: dict | None = None) -> None:
+        c = self.producers.setdefault(producer_id, ProducerCount())
+        c.received += 1
+        if seq == c.next_seq:
+            pass
+        elif seq > c.next_seq:
+            c.lost += seq - c.next_seq
+        elif seq == 0:
+            c.restarts += 1
+        else:
+            c.duplicated += 1
+            return
+        c.next_seq = seq + 1
+        if extras:
+            c.extras = extras
+            c.last_sent = int(extras.get("sent", c.last_sent))
+
+    def totals(self) -> dict[str, int]:
+        keys = ("received", "lost", "duplicated", "restarts")
+        return {k: sum(getattr(c, k) for c in self.producers.values()) for k in keys}
+
+    def table(self) -> list[dict]:
+        """One row per producer, for reports."""
+        return [
+            {
+                "producer": pid,
+                "received": c.received,
+                "lost": c.lost,
+                "duplicated": c.duplicated,
+                "restarts": c.restarts,
+            }
+            for pid, c in sorted(self.producers.items())
+        ]

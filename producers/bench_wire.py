@@ -1,0 +1,104 @@
+"""`python -m producers bench-wire`: how fast batches cross the wire, Python to Python.
+
+A real producer process pushes 64x224x224x3 uint8 batches; a Python
+PullConsumer in this process receives them. Each transport and format is
+timed over several repeats, and compared with single-core memcpy bandwidth
+measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from tabulate import tabulate
+
+from consumers.zmq_pull import PullConsumer
+from profiler.reference import memcpy_bandwidth
+from profiler.summary import Summary
+from wire.endpoints import free_tcp_port
+
+
+def start_producer(
+    endpoint: str, fmt: str, count: int, batch: int, image_size: int, workers: int = 1
+) -> subprocess.Popen:
+    """A real `python -m producers synthetic` process pushing to `endpoint`."""
+    cmd = [sys.executable, "-m", "producers", "synthetic", "--endpoint", endpoint, "--format", fmt]
+    cmd += ["--count", str(count), "--batch", str(batch), "--image-size", str(image_size)]
+    cmd += ["--workers", str(workers), "--quiet", "--give-up-after", "30"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.Popen(cmd, cwd=root)
+
+
+def measure(endpoint: str, fmt: str, args: argparse.Namespace) -> dict:
+    """Receive warm-up batches, then time `repeats` windows of `batches` batches each."""
+    total = args.warmup + args.repeats * args.batches
+    proc = None
+    try:
+        with PullConsumer(endpoint, bind=True, hwm=args.hwm, recv_timeout=60) as consumer:
+            proc = start_producer(endpoint, fmt, total, args.batch, args.image_size)
+            for _ in range(args.warmup):
+                consumer.recv()
+            rates, ips = [], []
+            for _ in range(args.repeats):
+                b0 = consumer.bytes
+                t0 = time.perf_counter()
+                for _ in range(args.batches):
+                    batch = consumer.recv()
+                    batch.arrays[0][::97, ::53, ::31].sum()  # touch the data, a little
+                dt = time.perf_counter() - t0
+                rates.append((consumer.bytes - b0) / dt)
+                ips.append(args.batches * args.batch / dt)
+        proc.wait(30)  # the producer leaves once its consumer has hung up
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return {"bytes_per_sec": Summary.of(rates), "images_per_sec": Summary.of(ips)}
+
+
+def run(args: argparse.Namespace) -> int:
+    memcpy = memcpy_bandwidth()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="feedbench-wire-") as tmp:
+        for transport in args.transports:
+            for fmt in args.formats:
+                if transport == "ipc":
+                    endpoint = f"ipc://{tmp}/{fmt}"
+                else:
+                    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+                r = measure(endpoint, fmt, args)
+                bw = r["bytes_per_sec"]
+                rows.append(
+                    [
+                        transport,
+                        fmt,
+                        bw.scaled(1e-9).fmt(".2f"),
+                        r["images_per_sec"].fmt(".0f"),
+                        f"{bw.median / memcpy.median:.2f}",
+                    ]
+                )
+    print(
+        f"\nWire: python -m producers synthetic -> Python PullConsumer, {args.batch}x{args.image_size}x{args.image_size}x3 "
+        f"uint8 batches; median (min–max) of {args.repeats} repeats of {args.batches} batches"
+    )
+    print(f"Same-run single-core memcpy: {memcpy.scaled(1e-9).fmt('.2f')} GB/s\n")
+    print(tabulate(rows, headers=["transport", "format", "GB/s", "images/s", "ratio to memcpy"]))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench-wire", help="benchmark the wire: producer process -> Python puller")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--batches", type=int, default=40, help="batches per timed repeat")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--hwm", type=int, default=4)
+    p.add_argument("--transports", nargs="+", choices=("ipc", "tcp"), default=["ipc", "tcp"])
+    p.add_argument("--formats", nargs="+", choices=("native", "zmq_ops"), default=["native", "zmq_ops"])
+    p.set_defaults(func=run)

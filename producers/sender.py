@@ -1,0 +1,168 @@
+"""The send loop of one producer worker: take batches from a source, push them.
+
+Send latency (how long a send waits for room under the high-water mark) is
+the producer's view of the consumer: when it is high, the consumer, not the
+producer, is the bottleneck. It is counted here and carried to the consumer
+inside each native header, so the run can name the slow stage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from wire import message
+from wire.endpoints import attach
+
+Source = Callable[[int], Iterator[tuple[np.ndarray, ...]]]
+
+# Exit codes of a worker (and of the producer process as a whole).
+DONE, FAILED, BAD_ENDPOINT, CONSUMER_GONE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SendConfig:
+    """How a worker sends: where, in which format, how fast, how many."""
+
+    endpoint: str
+    fmt: str = "native"
+    hwm: int = 4
+    bind: bool = False
+    count: int | None = None  # batches this worker sends; None = until stopped
+    rate: float | None = None  # images/s cap for this worker (to emulate a slow loader)
+    producer_id: int = 0
+    give_up_after: float = 60.0  # a send blocked this long means the consumer is gone
+    allow_remote: bool = False
+
+
+class Counters:
+    """Per-worker running totals in shared memory, read by the launcher for its progress line."""
+
+    FIELDS = ("batches", "images", "bytes", "send_wait_s", "make_s")
+
+    def __init__(self, shared, worker: int) -> None:
+        self._a = shared
+        self._base = worker * len(self.FIELDS)
+
+    def add(self, images: int, nbytes: int, send_wait_s: float, make_s: float) -> None:
+        a, b = self._a, self._base
+        a[b] += 1
+        a[b + 1] += images
+        a[b + 2] += nbytes
+        a[b + 3] += send_wait_s
+        a[b + 4] += make_s
+
+    @classmethod
+    def totals(cls, shared) -> dict[str, float]:
+        n = len(cls.FIELDS)
+        return {f: sum(shared[i] for i in range(k, len(shared), n)) for k, f in enumerate(cls.FIELDS)}
+
+
+class _Telemetry:
+    """Rates over the last second or so, sent in each native header's extras."""
+
+    def __init__(self) -> None:
+        self._reset(time.perf_counter())
+        self.summary: dict[str, float] = {}
+
+    def _reset(self, now: float) -> None:
+        self.window_start, self.images, self.make_s, self.send_s, self.sends = now, 0, 0.0, 0.0, 0
+
+    def record(self, images: int, make_s: float, send_s: float) -> None:
+        self.images += images
+        self.make_s += make_s
+        self.send_s += send_s
+        self.sends += 1
+        now = time.perf_counter()
+        if now - self.window_start >= 1.0 or not self.summary:
+            span = max(now - self.window_start, 1e-9)
+            self.summary = {
+                "images_per_sec": self.images / span,
+                "make_images_per_sec": self.images / self.make_s if self.make_s > 0 else 0.0,
+                "send_latency_ms": 1e3 * self.send_s / self.sends,
+            }
+            self._reset(now)
+
+
+def _wait_writable(sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float) -> bool:
+    """Block until the socket takes a message; False if stopped or the consumer is gone."""
+    deadline = time.monotonic() + give_up_after
+    while not sock.poll(100, zmq.POLLOUT):
+        if should_stop() or time.monotonic() > deadline:
+            return False
+    return True
+
+
+def _wait_for_consumer_to_leave(sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float) -> None:
+    """After the last batch, stay until the consumer disconnects (or we are stopped).
+
+    libzmq can drop messages still in flight when the sending peer goes away
+    while the receiver is at its high-water mark, so a producer that exits
+    right after its last send may lose the tail of its stream. Waiting for the
+    consumer to hang up first keeps `--count` exact.
+    """
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    deadline = time.monotonic() + give_up_after
+    try:
+        while not should_stop() and time.monotonic() < deadline:
+            if monitor.poll(100):
+                monitor.recv_multipart()
+                return
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+
+
+def run(
+    source: Source,
+    worker: int,
+    cfg: SendConfig,
+    counters: Counters | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    on_ready: Callable[[], None] = lambda: None,
+) -> int:
+    """Send batches until `count` is reached or `should_stop()`; returns an exit code."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, cfg.hwm)
+    # Queue only to live connections, so "sent" means a consumer is there to take it.
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    try:
+        attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote)
+        on_ready()
+        batches = source(worker)
+        telemetry = _Telemetry()
+        seq = 0
+        t_start = time.perf_counter()
+        while cfg.count is None or seq < cfg.count:
+            t0 = time.perf_counter()
+            arrays = next(batches, None)
+            if arrays is None:  # a finite source ran out
+                break
+            t1 = time.perf_counter()
+            images = len(arrays[0])
+            if cfg.rate:
+                # Pace against the start, so a stall does not let the producer burst afterwards.
+                time.sleep(max(0.0, t_start + seq * images / cfg.rate - t1))
+            t2 = time.perf_counter()
+            if not _wait_writable(sock, should_stop, cfg.give_up_after):
+                return DONE if should_stop() else CONSUMER_GONE
+            extras = {**telemetry.summary, "sent": seq} if cfg.fmt == "native" else None
+            nbytes = message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
+            t3 = time.perf_counter()
+            telemetry.record(images, t1 - t0, t3 - t2)
+            seq += 1
+            if counters is not None:
+                counters.add(images, nbytes, t3 - t2, t1 - t0)
+            if should_stop():
+                return DONE
+        _wait_for_consumer_to_leave(sock, should_stop, cfg.give_up_after)
+        return DONE
+    finally:
+        # Let queued messages reach the consumer, but not forever if it is gone or we were stopped.
+        sock.close(linger=0 if should_stop() else int(cfg.give_up_after * 1000))
+        ctx.term()

@@ -1,0 +1,1 @@
+"""Measuring and explaining: reference figures, repeat statistics, telemetry and verdicts."""

@@ -1,0 +1,36 @@
+"""Median-of-repeats statistics, the way every figure in feedbench is reported."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median with min and max of a set of repeats (and the repeats themselves)."""
+
+    median: float
+    min: float
+    max: float
+    repeats: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Summary:
+        if not values:
+            raise ValueError("no repeats to summarise")
+        return cls(statistics.median(values), min(values), max(values), tuple(values))
+
+    def scaled(self, factor: float) -> Summary:
+        return Summary(
+            self.median * factor, self.min * factor, self.max * factor, tuple(v * factor for v in self.repeats)
+        )
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["repeats"] = list(self.repeats)
+        return d
+
+    def fmt(self, spec: str = ".2f") -> str:
+        return f"{self.median:{spec}} ({self.min:{spec}}–{self.max:{spec}})"
