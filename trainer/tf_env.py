@@ -11,6 +11,11 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+# Set on import of this module, which every package that builds graphs imports from its
+# __init__, so they hold even when tensorpack (which imports TensorFlow) is imported first.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 _tf: ModuleType | None = None
 
 
@@ -18,8 +23,6 @@ def tf() -> ModuleType:
     """TensorFlow in v1-compatible graph mode (imported once, quietly)."""
     global _tf
     if _tf is None:
-        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow
 
         tensorflow.compat.v1.disable_v2_behavior()

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""feedbench: how much training throughput does an input pipeline cost?
+
+Trains ResNet-50 on several devices, fed by each input path in turn, and
+reports images/s against the same model fed by data already on the device:
+
+    python bench_input.py                              # all five paths
+    python bench_input.py --fake-location zmq-consume  # one path and the gpu baseline
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from trainer.config import BASELINE, PATHS, BenchConfig, apply_defaults
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--fake-location", choices=PATHS, help="run this input path and the gpu baseline (default: all paths)"
+    )
+    p.add_argument("--num-gpus", type=positive_int, help="towers (devices); CPU devices when there is no GPU")
+    p.add_argument("--batch", type=positive_int, help="batch size per device")
+    p.add_argument("--image-size", type=positive_int)
+    p.add_argument("--warmup-steps", type=int, help="steps run before timing (default 20; fewer on CPU)")
+    p.add_argument("--steps", type=positive_int, help="timed steps per repeat (default 100; fewer on CPU)")
+    p.add_argument("--repeats", type=positive_int, help="timed repeats; the median is reported (default 7)")
+    p.add_argument("--variable-update", choices=("replicated", "parameter_server", "horovod"), default="replicated")
+    p.add_argument("--ps-device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--resnet-version", choices=("1", "1.5"), default="1.5")
+    p.add_argument("--data-format", choices=("NCHW", "NHWC"), help="default NCHW on GPU, NHWC on CPU")
+    p.add_argument("--use-fp16", action="store_true", help="fp16 compute, fp32 master weights, loss scaling")
+    p.add_argument("--use-xla-compile", action="store_true")
+    p.add_argument("--input-only", action="store_true", help="no model: each path's input ceiling")
+    g = p.add_argument_group("producers (python-queue, python-dataset, zmq-consume)")
+    g.add_argument("--producers", type=positive_int, default=2, help="producer processes the run starts")
+    g.add_argument("--producer-workers", type=positive_int, default=1, help="worker processes per producer")
+    g.add_argument("--wire-format", choices=("native", "zmq_ops"), default="native")
+    g.add_argument("--endpoint", help="use an external producer: bind this endpoint and wait for it")
+    g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ high-water mark, in batches")
+    g.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without a batch before the run fails")
+    p.add_argument("--json", dest="json_path", help="write the results to this JSON file")
+    return p.parse_args(argv)
+
+
+def config_from(args: argparse.Namespace) -> BenchConfig:
+    paths = (
+        [BASELINE, args.fake_location]
+        if args.fake_location and args.fake_location != BASELINE
+        else ([BASELINE] if args.fake_location else list(PATHS))
+    )
+    fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}
+    return BenchConfig(paths=paths, **fields)
+
+
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = config_from(args)
+    if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
+        return fail(f"--warmup-steps {cfg.warmup_steps} must be 0 or more")
+    if cfg.variable_update == "horovod":
+        try:
+            import horovod.tensorflow  # noqa: F401
+        except ImportError:
+            return fail(
+                "--variable-update horovod: Horovod is not importable here (it does not build against TensorFlow 2.21); use replicated or parameter_server"
+            )
+    if cfg.endpoint:
+        from wire.endpoints import EndpointError, check
+
+        try:
+            check(cfg.endpoint, bind=True)
+        except EndpointError as e:
+            return fail(str(e))
+
+    # Ctrl-C and SIGTERM stop producers and exit at once, even mid-step (see trainer/shutdown.py).
+    from trainer import shutdown
+
+    shutdown.install()
+
+    from trainer import devices, report
+    from trainer.run import InputError, run_path
+
+    has_gpu = devices.gpu_count() > 0
+    for note in apply_defaults(cfg, has_gpu):
+        print(f"note: {note}")
+    available = devices.gpu_count() if has_gpu else None
+    if available is not None and cfg.num_gpus > available:
+        return fail(f"--num-gpus {cfg.num_gpus}: only {available} GPU(s) on this machine")
+
+    print(
+        f"feedbench: ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}, "
+        f"{cfg.num_gpus} {'GPU' if has_gpu else 'CPU'} tower(s) x batch {cfg.batch}, {cfg.image_size}x{cfg.image_size}, "
+        f"{cfg.variable_update}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
+        flush=True,
+    )
+    results: dict[str, dict] = {}
+    started = time.time()
+    try:
+        for path in cfg.paths:
+            t0 = time.perf_counter()
+            print(f"- {path} ...", flush=True)
+            results[path] = run_path(cfg, path, has_gpu)
+            r = results[path]
+            print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+    except InputError as e:
+        return fail(str(e))
+    report.add_ratios(results)
+    print()
+    print(report.table(results, cfg.num_gpus, cfg.input_only))
+    if cfg.json_path:
+        report.write_json(
+            cfg.json_path,
+            {
+                "config": cfg.to_dict(),
+                "device": devices.describe(),
+                "reference": {
+                    "baseline": BASELINE,
+                    "baseline_images_per_sec": results.get(BASELINE, {}).get("images_per_sec"),
+                },
+                "started": started,
+                "paths": results,
+            },
+        )
+        print(f"\nwrote {cfg.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""What one benchmark run is: flags, their defaults, and the smaller defaults for CPU-only machines."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+PATHS = ("gpu", "cpu", "python-queue", "python-dataset", "zmq-consume")
+PRODUCER_PATHS = ("python-queue", "python-dataset", "zmq-consume")
+BASELINE = "gpu"
+
+# The DLPerf / tf_cnn_benchmarks defaults, for a machine with GPUs.
+GPU_DEFAULTS = {"image_size": 224, "batch": 64, "warmup_steps": 20, "steps": 100, "repeats": 7}
+# Without a GPU, ResNet-50 runs at a few images/s: these keep the default five-path run to a few minutes.
+CPU_DEFAULTS = {"image_size": 64, "batch": 4, "warmup_steps": 2, "steps": 4, "repeats": 3}
+
+
+@dataclass
+class BenchConfig:
+    """Everything that defines one run; `None` means "use the machine's default"."""
+
+    paths: list[str] = field(default_factory=lambda: list(PATHS))
+    num_gpus: int | None = None
+    batch: int | None = None  # per device
+    image_size: int | None = None
+    warmup_steps: int | None = None
+    steps: int | None = None
+    repeats: int | None = None
+    variable_update: str = "replicated"
+    ps_device: str = "cpu"
+    resnet_version: str = "1.5"
+    data_format: str | None = None
+    use_fp16: bool = False
+    use_xla_compile: bool = False
+    input_only: bool = False
+    producers: int = 2
+    producer_workers: int = 1
+    producer: str = "synthetic"
+    data: str | None = None
+    wire_format: str = "native"
+    endpoint: str | None = None  # an external producer's endpoint (the run binds it and waits)
+    hwm: int = 4
+    recv_timeout: float = 60.0
+    max_msg_size: int | None = None
+    json_path: str | None = None
+    shrunk: dict[str, tuple] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shrunk"] = {k: list(v) for k, v in self.shrunk.items()}
+        return d
+
+
+def apply_defaults(cfg: BenchConfig, has_gpu: bool) -> list[str]:
+    """Fill unset fields for this machine; returns lines saying what was shrunk and why."""
+    notes = []
+    defaults = GPU_DEFAULTS if has_gpu else CPU_DEFAULTS
+    for key, value in defaults.items():
+        if getattr(cfg, key) is None:
+            setattr(cfg, key, value)
+            if not has_gpu and GPU_DEFAULTS[key] != value:
+                cfg.shrunk[key] = (GPU_DEFAULTS[key], value)
+    if cfg.num_gpus is None:
+        cfg.num_gpus = 1
+    if cfg.data_format is None:
+        cfg.data_format = "NCHW" if has_gpu else "NHWC"
+    if cfg.shrunk:
+        what = ", ".join(f"{k.replace('_', '-')} {a}->{b}" for k, (a, b) in cfg.shrunk.items())
+        notes.append(
+            f"no GPU found: towers run on CPU devices, and defaults shrink ({what}) so the run takes minutes, "
+            "not hours; pass the flags to override"
+        )
+    return notes

@@ -1,0 +1,70 @@
+"""Time every training step from inside the session run, and turn step times into figures.
+
+DLPerf / tf_cnn_benchmarks method: skip the warm-up steps, then time
+`repeats` windows of `steps` steps; images/s per window is the window's
+images over its wall time, reported as median with min and max.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from tensorpack.callbacks import Callback
+
+from profiler.summary import Summary
+from trainer.tf_env import tf
+
+tf = tf()
+
+
+COST_COLLECTION = "feedbench_cost"  # the first tower's loss, put there by trainer.run
+
+
+class StepTimer(Callback):
+    """Records each step's start and end, and fetches the loss so its finiteness can be checked."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.losses: list[float] = []
+
+    def _setup_graph(self) -> None:
+        self._cost = tf.compat.v1.get_collection(COST_COLLECTION)[0]
+
+    def _before_run(self, ctx):
+        self.starts.append(time.perf_counter())
+        return tf.compat.v1.train.SessionRunArgs(fetches=self._cost)
+
+    def _after_run(self, ctx, values) -> None:
+        self.ends.append(time.perf_counter())
+        self.losses.append(float(values.results))
+
+
+def summarize(timer: StepTimer, warmup: int, steps: int, repeats: int, images_per_step: int, towers: int) -> dict:
+    """Figures for one path from its step times: images/s (total and per device), step-time percentiles."""
+    needed = warmup + steps * repeats
+    if len(timer.ends) < needed:
+        raise RuntimeError(f"only {len(timer.ends)} of {needed} steps ran")
+    rates = []
+    for r in range(repeats):
+        a = warmup + r * steps
+        b = a + steps - 1
+        wall = timer.ends[b] - timer.starts[a]
+        rates.append(steps * images_per_step / wall)
+    measured = np.array(timer.ends[warmup:needed]) - np.array(timer.starts[warmup:needed])
+    total = Summary.of(rates)
+    losses = timer.losses[:needed]
+    return {
+        "images_per_sec": total.to_dict(),
+        "images_per_sec_per_device": total.scaled(1 / towers).to_dict(),
+        "step_time_ms": {
+            "p50": float(np.percentile(measured, 50) * 1e3),
+            "p90": float(np.percentile(measured, 90) * 1e3),
+            "p99": float(np.percentile(measured, 99) * 1e3),
+        },
+        "final_loss": losses[-1],
+        "loss_finite": all(math.isfinite(x) for x in losses),
+        "steps_run": len(timer.ends),
+    }

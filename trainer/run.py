@@ -1,0 +1,179 @@
+"""Run one input path end to end: producers, input, towers, measured training, clean stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+from tensorpack.callbacks import Callback, RunUpdateOps
+from tensorpack.tfutils.sesscreate import NewSessionCreator
+from tensorpack.tfutils.sessinit import JustCurrentSession
+from tensorpack.tfutils.tower import get_current_tower_context
+from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
+
+from consumers.constant import cpu_synthetic_input, on_device_input
+from consumers.python_feed import PullFlow, python_dataset_input, python_queue_input
+from consumers.zmq_op import zmq_op_input
+from feeders.staging import stage_onto_devices
+from trainer import devices, shutdown
+from trainer.config import BenchConfig
+from trainer.input_only import InputOnlyModel
+from trainer.measure import COST_COLLECTION, StepTimer, summarize
+from trainer.producer_group import ProducerDied, ProducerGroup, synthetic_command
+from trainer.tf_env import tf
+
+tf = tf()
+
+
+class _QuietOnCPU(logging.Filter):
+    """Drop tensorpack's warnings about GPUs on machines that have none (towers on CPU are intended)."""
+
+    NOISE = (
+        "not built with CUDA",
+        "GPU",
+        "gpu_device",
+        "To workaround",
+        "Avoid initializing",
+        "Typically",
+        "Manually set",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(n in record.getMessage() for n in self.NOISE)
+
+
+_log = logging.getLogger("tensorpack")
+_log.setLevel(logging.WARNING)
+_log.addFilter(_QuietOnCPU())
+
+
+class InputError(RuntimeError):
+    """The input path could not deliver the batches the run needed; the message says which and why."""
+
+
+class _WatchProducers(Callback):
+    """Fails the run as soon as one of its producers dies, instead of waiting for a timeout."""
+
+    def __init__(self, group: ProducerGroup) -> None:
+        self.group = group
+
+    def _trigger_step(self) -> None:
+        self.group.check()
+
+
+def make_model(cfg: BenchConfig):
+    if cfg.input_only:
+        return InputOnlyModel(cfg.image_size)
+    from models import ResNet50Model
+
+    return ResNet50Model(
+        version=cfg.resnet_version,
+        data_format=cfg.data_format,
+        image_size=cfg.image_size,
+        use_fp16=cfg.use_fp16,
+        use_xla=cfg.use_xla_compile,
+    )
+
+
+def make_trainer(cfg: BenchConfig):
+    towers = list(range(cfg.num_gpus))
+    if cfg.variable_update == "replicated":
+        return SyncMultiGPUTrainerReplicated(towers, average=True, mode="gpu")
+    if cfg.variable_update == "parameter_server":
+        return SyncMultiGPUTrainerParameterServer(towers, ps_device=cfg.ps_device)
+    raise ValueError(f"--variable-update {cfg.variable_update!r} is not supported here")
+
+
+def _producers(cfg: BenchConfig, endpoint: str) -> ProducerGroup | None:
+    if cfg.endpoint:
+        print(f"  waiting for an external producer to connect to {endpoint}", flush=True)
+        return None
+    cmds = [
+        synthetic_command(endpoint, 1000 * i, cfg.batch, cfg.image_size, cfg.wire_format, cfg.producer_workers, cfg.hwm)
+        for i in range(cfg.producers)
+    ]
+    return ProducerGroup(cmds, endpoint).start()
+
+
+def run_path(cfg: BenchConfig, path: str, has_gpu: bool) -> dict:
+    """Train `path` for warm-up + steps x repeats and return its figures."""
+    tmp = tempfile.TemporaryDirectory(prefix="feedbench-")
+    shutdown.register(tmp.cleanup)
+    endpoint = cfg.endpoint or f"ipc://{tmp.name}/{path}"
+    group: ProducerGroup | None = None
+    flow: PullFlow | None = None
+    graph = tf.Graph()
+    try:
+        with graph.as_default():
+            if path == "gpu":
+                source = on_device_input(cfg.batch, cfg.image_size)
+            elif path == "cpu":
+                source = stage_onto_devices(cpu_synthetic_input(cfg.batch, cfg.image_size))
+            elif path in ("python-queue", "python-dataset"):
+                flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
+                flow.open()
+                group = _producers(cfg, endpoint)
+                if path == "python-queue":
+                    source = stage_onto_devices(python_queue_input(flow))
+                else:
+                    source = stage_onto_devices(python_dataset_input(flow, cfg.batch, cfg.image_size))
+            elif path == "zmq-consume":
+                source = stage_onto_devices(
+                    zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
+                )
+                group = _producers(cfg, endpoint)
+            else:
+                raise ValueError(f"unknown input path {path!r}")
+
+            model = make_model(cfg)
+
+            def tower_cost(*inputs):
+                cost = model.build_graph(*inputs)
+                if get_current_tower_context().index == 0:
+                    tf.compat.v1.add_to_collection(COST_COLLECTION, cost)
+                return cost
+
+            trainer = make_trainer(cfg)
+            trainer.setup_graph(model.get_input_signature(), source, tower_cost, model.get_optimizer)
+            if not has_gpu and not os.environ.get("FB_NOREMAP"):
+                devices.map_towers_to_cpus(graph, cfg.num_gpus)
+            timer = StepTimer()
+            callbacks = [timer] if cfg.input_only else [RunUpdateOps(), timer]
+            if group is not None:
+                callbacks.append(_WatchProducers(group))
+            needed = cfg.warmup_steps + cfg.steps * cfg.repeats
+            try:
+                trainer.train(
+                    callbacks=callbacks,
+                    monitors=[],
+                    session_creator=NewSessionCreator(config=devices.session_config(cfg.num_gpus, has_gpu)),
+                    session_init=JustCurrentSession(),
+                    steps_per_epoch=needed,
+                    starting_epoch=1,
+                    max_epoch=1,
+                )
+            except tf.errors.DeadlineExceededError as e:
+                raise InputError(f"{path}: {e.message.splitlines()[0]}") from None
+            except ProducerDied as e:
+                raise InputError(f"{path}: {e}") from None
+            if len(timer.ends) < needed:
+                why = ""
+                if flow is not None and flow.consumer is not None:
+                    why = f": no batch from {endpoint} within {cfg.recv_timeout:g} s"
+                if group is not None:
+                    try:
+                        group.check()
+                    except ProducerDied as e:
+                        why = f": {e}"
+                raise InputError(f"{path}: input ended after {len(timer.ends)} of {needed} steps{why}")
+            result = summarize(timer, cfg.warmup_steps, cfg.steps, cfg.repeats, cfg.batch * cfg.num_gpus, cfg.num_gpus)
+            result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
+            return result
+    finally:
+        if group is not None:
+            group.stop()
+        if flow is not None:
+            flow.close()
+        shutdown.unregister(tmp.cleanup)
+        tmp.cleanup()

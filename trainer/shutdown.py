@@ -1,0 +1,65 @@
+"""Ctrl-C and SIGTERM stop the run at once, whatever it is blocked in.
+
+A Python signal handler only runs when the main thread returns to Python,
+and a training step blocked inside TensorFlow may not return for a long
+time. So the signals are blocked in every thread and taken by one watcher
+thread instead, which runs the registered clean-ups (stop producers, remove
+sockets) and exits. Results are written atomically at the very end, so an
+interrupted run leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_cleanups: list[Callable[[], None]] = []
+_lock = threading.Lock()
+
+
+def register(fn: Callable[[], None]) -> None:
+    with _lock:
+        _cleanups.append(fn)
+
+
+def unregister(fn: Callable[[], None]) -> None:
+    with _lock:
+        if fn in _cleanups:
+            _cleanups.remove(fn)
+
+
+def run_cleanups() -> None:
+    with _lock:
+        todo = list(reversed(_cleanups))
+        _cleanups.clear()
+    for fn in todo:
+        try:
+            fn()
+        except Exception as e:  # keep going: every producer must be stopped
+            print(f"warning: clean-up failed: {e}", file=sys.stderr)
+
+
+def _watch() -> None:
+    sig = signal.sigwait(SIGNALS)
+    print(
+        f"\ninterrupted ({signal.Signals(sig).name}): stopping producers; no results written",
+        file=sys.stderr,
+        flush=True,
+    )
+    run_cleanups()
+    os._exit(130)
+
+
+def install() -> None:
+    """Call from the main thread before any other thread starts (threads inherit the mask)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    threading.Thread(target=_watch, name="feedbench-shutdown", daemon=True).start()
+
+
+def unblock_in_child() -> None:
+    """Child processes inherit the blocked mask; producers take signals the normal way."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
