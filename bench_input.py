@@ -11,6 +11,7 @@ reports images/s against the same model fed by data already on the device:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -104,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     has_gpu = devices.gpu_count() > 0
     for note in apply_defaults(cfg, has_gpu):
         print(f"note: {note}")
-    available = devices.gpu_count() if has_gpu else None
-    if available is not None and cfg.num_gpus > available:
-        return fail(f"--num-gpus {cfg.num_gpus}: only {available} GPU(s) on this machine")
+    if has_gpu and cfg.num_gpus > devices.gpu_count():
+        return fail(f"--num-gpus {cfg.num_gpus}: only {devices.gpu_count()} GPU(s) on this machine")
+    if not has_gpu and cfg.num_gpus > (os.cpu_count() or 1):
+        return fail(
+            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
+        )
 
     print(
         f"feedbench: ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}, "

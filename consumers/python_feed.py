@@ -60,8 +60,8 @@ def python_dataset_input(flow: PullFlow, batch: int, image_size: int, prefetch: 
     shapes = ((batch, image_size, image_size, 3), (batch,))
 
     def gen():
-        for images, labels in flow:
-            yield images, labels
+        for arrays in flow:
+            yield tuple(arrays)
 
     ds = tf.data.Dataset.from_generator(gen, output_types=(tf.uint8, tf.int32), output_shapes=shapes)
     return TFDatasetInput(ds.prefetch(prefetch))

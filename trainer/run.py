@@ -40,7 +40,7 @@ class _QuietOnCPU(logging.Filter):
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not any(n in record.getMessage() for n in self.NOISE)
+        return not any(n in str(record.msg) for n in self.NOISE)
 
 
 _log = logging.getLogger("tensorpack")
@@ -60,6 +60,13 @@ class _WatchProducers(Callback):
 
     def _trigger_step(self) -> None:
         self.group.check()
+
+
+def op_message(e: Exception) -> str:
+    """The op's own words from a TensorFlow error, without the graph-execution preamble."""
+    lines = [ln.strip() for ln in getattr(e, "message", str(e)).splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(("Graph execution", "Detected at", "File ", "Node:", "[["))]
+    return lines[-1] if lines else str(e)
 
 
 def make_model(cfg: BenchConfig):
@@ -96,8 +103,11 @@ def _producers(cfg: BenchConfig, endpoint: str) -> ProducerGroup | None:
     return ProducerGroup(cmds, endpoint).start()
 
 
-def run_path(cfg: BenchConfig, path: str, has_gpu: bool) -> dict:
-    """Train `path` for warm-up + steps x repeats and return its figures."""
+def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[Callback] = ()) -> dict:
+    """Train `path` for warm-up + steps x repeats and return its figures.
+
+    `extra_callbacks` run inside the training session (tests use them to look at variables).
+    """
     tmp = tempfile.TemporaryDirectory(prefix="feedbench-")
     shutdown.register(tmp.cleanup)
     endpoint = cfg.endpoint or f"ipc://{tmp.name}/{path}"
@@ -142,6 +152,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool) -> dict:
             callbacks = [timer] if cfg.input_only else [RunUpdateOps(), timer]
             if group is not None:
                 callbacks.append(_WatchProducers(group))
+            callbacks.extend(extra_callbacks)
             needed = cfg.warmup_steps + cfg.steps * cfg.repeats
             try:
                 trainer.train(
@@ -154,7 +165,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool) -> dict:
                     max_epoch=1,
                 )
             except tf.errors.DeadlineExceededError as e:
-                raise InputError(f"{path}: {e.message.splitlines()[0]}") from None
+                raise InputError(f"{path}: {op_message(e)}") from None
             except ProducerDied as e:
                 raise InputError(f"{path}: {e}") from None
             if len(timer.ends) < needed:

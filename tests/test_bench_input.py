@@ -1,0 +1,178 @@
+"""The trainer: every input path trains, towers stay in sync, the accounting adds up, bad flags fail cleanly."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import psutil
+import pytest
+from tensorpack.callbacks import Callback
+
+from trainer.config import PATHS, BenchConfig, apply_defaults
+from trainer.run import InputError, run_path
+from trainer.tf_env import tf
+
+tf = tf()
+pytestmark = pytest.mark.timeout(300)
+
+
+def small(**kw) -> BenchConfig:
+    base = {
+        "batch": 2,
+        "image_size": 32,
+        "warmup_steps": 1,
+        "steps": 2,
+        "repeats": 1,
+        "producers": 1,
+        "recv_timeout": 30,
+    }
+    cfg = BenchConfig(**{**base, **kw})
+    apply_defaults(cfg, has_gpu=False)
+    return cfg
+
+
+class GrabVariables(Callback):
+    """Reads every global variable at the end of training, from inside the session."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, np.ndarray] = {}
+
+    def _after_train(self) -> None:
+        variables = tf.compat.v1.global_variables()
+        for v, val in zip(variables, self.trainer.sess.run(variables)):
+            self.values[v.op.name] = val
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_trains_resnet50_with_finite_loss(path):
+    r = run_path(small(num_gpus=1), path, has_gpu=False)
+    assert r["steps_run"] >= 3
+    assert r["loss_finite"] and math.isfinite(r["final_loss"]) and r["final_loss"] > 0
+    assert r["images_per_sec"]["median"] > 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_feeds_two_towers_in_input_only_mode(path):
+    r = run_path(small(num_gpus=2, input_only=True, steps=3, repeats=2), path, has_gpu=False)
+    assert r["steps_run"] >= 1 + 3 * 2
+    assert len(r["images_per_sec"]["repeats"]) == 2
+    assert r["images_per_sec_per_device"]["median"] == pytest.approx(r["images_per_sec"]["median"] / 2)
+
+
+def test_replicated_towers_hold_equal_variables_after_training():
+    grab = GrabVariables()
+    run_path(small(num_gpus=2, variable_update="replicated"), "gpu", False, extra_callbacks=[grab])
+    tower0 = {k: v for k, v in grab.values.items() if not k.startswith("tower") and "Momentum" not in k}
+    tower1 = {k[len("tower1/") :]: v for k, v in grab.values.items() if k.startswith("tower1/") and "Momentum" not in k}
+    weights = [k for k in tower0 if k.endswith("W") or "kernel" in k or "weights" in k]
+    assert len(tower1) >= len(weights) > 50, "each tower must hold its own copy of the model"
+    changed = 0
+    for name, value in tower1.items():
+        if name in tower0:
+            np.testing.assert_allclose(value, tower0[name], rtol=1e-5, atol=1e-6, err_msg=name)
+            changed += 1
+    assert changed >= len(weights)
+
+
+def test_parameter_server_keeps_one_copy_of_the_variables():
+    grab = GrabVariables()
+    run_path(small(num_gpus=2, variable_update="parameter_server"), "gpu", False, extra_callbacks=[grab])
+    assert not [k for k in grab.values if k.startswith("tower1/")]
+    trainable = sum(
+        v.size
+        for k, v in grab.values.items()
+        if "Momentum" not in k and "EMA" not in k and "moving" not in k.lower() and "global_step" not in k
+    )
+    assert 23e6 < trainable < 27e6  # one ResNet-50 (with batch-norm statistics), not two
+
+
+def test_endpoint_that_never_sends_fails_naming_it(ipc_dir):
+    endpoint = f"ipc://{ipc_dir}/silent"
+    cfg = small(num_gpus=1, input_only=True, endpoint=endpoint, recv_timeout=2)
+    with pytest.raises(InputError, match="silent"):
+        run_path(cfg, "python-queue", False)
+
+
+# The command line, in real processes.
+
+
+def run_cli(procs, *args: str, timeout: float = 240):
+    p = procs.start("bench_input.py", *args)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def error_lines(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("error")]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--batch", "0"], ["--batch", "at least 1"]),
+        (["--fake-location", "floppy"], ["--fake-location", "floppy"]),
+        (["--num-gpus", "64"], ["--num-gpus 64"]),
+        (["--variable-update", "horovod"], ["Horovod"]),
+        (["--endpoint", "http://127.0.0.1:9"], ["http://127.0.0.1:9"]),
+    ],
+)
+def test_bad_flags_give_one_clear_error_and_no_json(procs, tmp_path, args, words):
+    out_json = tmp_path / "r.json"
+    code, out, err = run_cli(procs, *args, "--json", str(out_json), timeout=120)
+    assert code == 2
+    text = err.strip().splitlines()[-1]
+    for w in words:
+        assert w in text
+    assert not out_json.exists()
+
+
+def test_silent_external_endpoint_stops_with_an_error_and_no_json(procs, ipc_dir, tmp_path):
+    out_json = tmp_path / "r.json"
+    endpoint = f"ipc://{ipc_dir}/ext"
+    code, out, err = run_cli(
+        procs, "--fake-location", "zmq-consume", "--input-only", "--endpoint", endpoint, "--recv-timeout", "2",
+        "--batch", "2", "--image-size", "32", "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 2, err
+    assert endpoint in error_lines(err)[-1]
+    assert "waiting for an external producer" in out
+    assert not out_json.exists()
+
+
+def test_zmq_consume_with_an_external_producer_writes_the_report(procs, ipc_dir, tmp_path):
+    endpoint = f"ipc://{ipc_dir}/ext"
+    producer = procs.producer(endpoint, "--batch", "2", "--image-size", "32", "--producer-id", "7")
+    out_json = tmp_path / "r.json"
+    code, out, err = run_cli(
+        procs, "--fake-location", "zmq-consume", "--input-only", "--endpoint", endpoint, "--batch", "2",
+        "--image-size", "32", "--warmup-steps", "1", "--steps", "3", "--repeats", "2", "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out_json.read_text())
+    assert set(doc["paths"]) == {"gpu", "zmq-consume"}
+    z = doc["paths"]["zmq-consume"]
+    assert z["ratio_to_baseline"] == pytest.approx(
+        z["images_per_sec"]["median"] / doc["paths"]["gpu"]["images_per_sec"]["median"]
+    )
+    assert len(z["images_per_sec"]["repeats"]) == 2
+    assert {"p50", "p90", "p99"} <= set(z["step_time_ms"])
+    assert doc["config"]["batch"] == 2 and doc["device"]["cpu_cores"]
+    assert producer.poll() is None  # an external producer is not ours to stop
+
+
+def test_run_started_producers_are_gone_after_the_run(procs, tmp_path):
+    code, out, err = run_cli(
+        procs, "--fake-location", "zmq-consume", "--input-only", "--batch", "2", "--image-size", "32",
+        "--warmup-steps", "1", "--steps", "2", "--repeats", "1", "--producers", "2",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "zmq-consume" in out and "vs gpu" in out
+    mine = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "producers" in " ".join(p.info["cmdline"] or []) and sys.executable in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not [p for p in mine if p.ppid() == 1]
