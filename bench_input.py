@@ -55,6 +55,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--endpoint", help="use an external producer: bind this endpoint and wait for it")
     g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ high-water mark, in batches")
     g.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without a batch before the run fails")
+    g.add_argument(
+        "--on-producer-exit", choices=("stop", "continue"), default="stop",
+        help="when one of the run's producers dies: stop the run, or train on with the others",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-msg-size", type=positive_int, help="largest message accepted, bytes (default: from batch and image size)"
+    )
+    g.add_argument(
+        "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
+    )
     p.add_argument("--json", dest="json_path", help="write the results to this JSON file")
     return p.parse_args(argv)
 
@@ -90,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         from wire.endpoints import EndpointError, check
 
         try:
-            check(cfg.endpoint, bind=True)
+            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
         except EndpointError as e:
             return fail(str(e))
 

@@ -23,8 +23,16 @@ tf = tf()
 class PullFlow(DataFlow):
     """A tensorpack DataFlow over a PullConsumer; the socket is opened lazily in the feeding thread."""
 
-    def __init__(self, endpoint: str, hwm: int, recv_timeout: float | None, max_msg_size: int | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        hwm: int,
+        recv_timeout: float | None,
+        max_msg_size: int | None = None,
+        allow_remote: bool = False,
+    ) -> None:
         self.endpoint = endpoint
+        self.allow_remote = allow_remote
         self.hwm = hwm
         self.recv_timeout = recv_timeout
         self.max_msg_size = max_msg_size
@@ -34,7 +42,12 @@ class PullFlow(DataFlow):
         """Bind now, so producers can connect before the graph runs."""
         if self.consumer is None:
             self.consumer = PullConsumer(
-                self.endpoint, bind=True, hwm=self.hwm, recv_timeout=self.recv_timeout, max_msg_size=self.max_msg_size
+                self.endpoint,
+                bind=True,
+                hwm=self.hwm,
+                recv_timeout=self.recv_timeout,
+                max_msg_size=self.max_msg_size,
+                allow_remote=self.allow_remote,
             )
         return self.consumer
 

@@ -40,6 +40,8 @@ class BenchConfig:
     endpoint: str | None = None  # an external producer's endpoint (the run binds it and waits)
     hwm: int = 4
     recv_timeout: float = 60.0
+    on_producer_exit: str = "stop"  # or "continue" on the remaining producers
+    allow_remote: bool = False
     max_msg_size: int | None = None
     json_path: str | None = None
     shrunk: dict[str, tuple] = field(default_factory=dict)

@@ -48,13 +48,18 @@ class ProducerGroup:
         shutdown.register(self.stop)
         return self
 
+    def exited(self) -> dict[int, str]:
+        """Producers that have exited, each with a line saying how."""
+        return {
+            i: f"producer {i} for {self.endpoint} exited with code {p.returncode}: {self.stderr(i) or 'no output'}"
+            for i, p in enumerate(self.procs)
+            if p.poll() is not None
+        }
+
     def check(self) -> None:
         """Raise ProducerDied, with the producer's last words, if any producer has exited."""
-        for i, p in enumerate(self.procs):
-            if p.poll() is not None:
-                raise ProducerDied(
-                    f"producer {i} for {self.endpoint} exited with code {p.returncode}: {self.stderr(i) or 'no output'}"
-                )
+        for message in self.exited().values():
+            raise ProducerDied(message)
 
     def stderr(self, i: int) -> str:
         log = self._logs[i]

@@ -53,13 +53,36 @@ class InputError(RuntimeError):
 
 
 class _WatchProducers(Callback):
-    """Fails the run as soon as one of its producers dies, instead of waiting for a timeout."""
+    """Notices a dead producer at the next step, instead of waiting for a receive timeout.
 
-    def __init__(self, group: ProducerGroup) -> None:
+    With `on_exit="stop"` the run fails naming it; with "continue" it says so
+    once and trains on with the others, failing only when none is left.
+    """
+
+    def __init__(self, group: ProducerGroup, on_exit: str) -> None:
         self.group = group
+        self.on_exit = on_exit
+        self.reported: set[int] = set()
 
     def _trigger_step(self) -> None:
-        self.group.check()
+        if self.on_exit == "stop":
+            self.group.check()
+            return
+        for i, message in self.group.exited().items():
+            if i not in self.reported:
+                self.reported.add(i)
+                print(f"  warning: {message}; continuing with the other producers", flush=True)
+        if len(self.reported) == len(self.group.procs):
+            self.group.check()
+
+
+def expected_message_size(batch: int, image_size: int) -> int:
+    """The receive cap: the largest frame a producer should send, with a margin.
+
+    A peer that sends more is cut off by ZMQ (ZMQ_MAXMSGSIZE) before the
+    receiver allocates for it.
+    """
+    return int((batch * image_size * image_size * 3 + batch * 4) * 1.25) + 64 * 1024
 
 
 def op_message(e: Exception) -> str:
@@ -108,6 +131,8 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
 
     `extra_callbacks` run inside the training session (tests use them to look at variables).
     """
+    if cfg.max_msg_size is None:
+        cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
     tmp = tempfile.TemporaryDirectory(prefix="feedbench-")
     shutdown.register(tmp.cleanup)
     endpoint = cfg.endpoint or f"ipc://{tmp.name}/{path}"
@@ -121,7 +146,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             elif path == "cpu":
                 source = stage_onto_devices(cpu_synthetic_input(cfg.batch, cfg.image_size))
             elif path in ("python-queue", "python-dataset"):
-                flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
+                flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote)
                 flow.open()
                 group = _producers(cfg, endpoint)
                 if path == "python-queue":
@@ -151,7 +176,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             timer = StepTimer()
             callbacks = [timer] if cfg.input_only else [RunUpdateOps(), timer]
             if group is not None:
-                callbacks.append(_WatchProducers(group))
+                callbacks.append(_WatchProducers(group, cfg.on_producer_exit))
             callbacks.extend(extra_callbacks)
             needed = cfg.warmup_steps + cfg.steps * cfg.repeats
             try:
