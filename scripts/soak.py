@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Soak the zmq-consume input path and check that memory stays flat.
+
+Runs producer processes -> the zmq_ops pull op -> a reduction over every
+pixel, at full rate, for --duration seconds, and prints the resident memory
+(RSS) of the trainer and of the producers (with their workers) after the
+warm-up and at the end. Every queue is bounded by a high-water mark, so RSS
+must not grow: the script exits 1 when either grows by more than --limit.
+
+    python scripts/soak.py --duration 600      # the long run
+    python scripts/soak.py --duration 30       # what CI runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trainer.producer_group import ProducerGroup, synthetic_command  # noqa: E402
+from trainer.run import expected_message_size  # noqa: E402
+from trainer.tf_env import tf as _tf  # noqa: E402
+
+tf = _tf()
+
+
+def rss(procs: list[psutil.Process]) -> int:
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def tree(pids: list[int]) -> list[psutil.Process]:
+    out = []
+    for pid in pids:
+        try:
+            top = psutil.Process(pid)
+            out += [top, *top.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds of full-rate streaming after warm-up")
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds before the first RSS sample")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--producers", type=int, default=2)
+    ap.add_argument("--limit", type=float, default=0.05, help="allowed RSS growth (fraction)")
+    args = ap.parse_args(argv)
+
+    import zmq_ops
+
+    with tempfile.TemporaryDirectory(prefix="feedbench-soak-") as tmp:
+        endpoint = f"ipc://{tmp}/soak"
+        sock = zmq_ops.ZMQPullSocket(
+            endpoint, [tf.uint8, tf.int32], hwm=4, bind=True, timeout_ms=30_000,
+            max_msg_size=expected_message_size(args.batch, args.image_size),
+        )  # fmt: skip
+        images, labels = sock.pull()
+        touched = tf.reduce_sum(tf.cast(images, tf.int32)) + tf.reduce_sum(labels)
+        cmds = [
+            synthetic_command(endpoint, 1000 * i, args.batch, args.image_size, "native", 1, 4)
+            for i in range(args.producers)
+        ]
+        me = psutil.Process()
+        with tf.compat.v1.Session() as sess, ProducerGroup(cmds, endpoint) as group:
+            t_end_warm = time.monotonic() + args.warmup
+            n = 0
+            while time.monotonic() < t_end_warm:
+                sess.run(touched)
+                n += 1
+            producers = tree([p.pid for p in group.procs])
+            start = (me.memory_info().rss, rss(producers))
+            t0, n0 = time.monotonic(), n
+            next_report = t0 + 10
+            while time.monotonic() < t0 + args.duration:
+                sess.run(touched)
+                n += 1
+                if time.monotonic() >= next_report:
+                    next_report += 10
+                    print(f"  {time.monotonic() - t0:5.0f} s  trainer RSS {me.memory_info().rss / 2**20:7.1f} MiB  "
+                          f"producers RSS {rss(producers) / 2**20:7.1f} MiB", flush=True)  # fmt: skip
+            elapsed = time.monotonic() - t0
+            end = (me.memory_info().rss, rss(producers))
+            group.check()
+    ok = True
+    print(
+        f"\nsoak: {args.producers} producers -> zmq_ops op, {args.batch}x{args.image_size}x{args.image_size}x3 uint8, {elapsed:.0f} s"
+    )
+    print(
+        f"  {(n - n0) / elapsed * args.batch:.0f} images/s, {(n - n0) * args.batch * args.image_size**2 * 3 / elapsed / 1e9:.2f} GB/s"
+    )
+    for name, a, b in (("trainer", start[0], end[0]), ("producers", start[1], end[1])):
+        growth = (b - a) / a
+        verdict = "ok" if growth <= args.limit else f"GREW more than {args.limit:.0%}"
+        ok &= growth <= args.limit
+        print(f"  {name:9s} RSS {a / 2**20:8.1f} MiB -> {b / 2**20:8.1f} MiB ({growth:+.1%}) {verdict}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
