@@ -205,6 +205,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 raise InputError(f"{path}: input ended after {len(timer.ends)} of {needed} steps{why}")
             result = summarize(timer, cfg.warmup_steps, cfg.steps, cfg.repeats, cfg.batch * cfg.num_gpus, cfg.num_gpus)
             result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
+            if flow is not None and flow.consumer is not None:
+                # Per producer, from sequence numbers: what arrived, what went missing or came twice.
+                result["producers"] = flow.consumer.tracker.table()
             return result
     finally:
         if group is not None:
