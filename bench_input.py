@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument(
         "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
     )
+    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the Python paths' streams (CURVE)")
     p.add_argument("--json", dest="json_path", help="write the results to this JSON file")
     return p.parse_args(argv)
 
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             return fail(
                 "--variable-update horovod: Horovod is not importable here (it does not build against TensorFlow 2.21); use replicated or parameter_server"
             )
+    if cfg.curve_keys and "zmq-consume" in cfg.paths:
+        return fail("--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset")
     if cfg.endpoint:
         from wire.endpoints import EndpointError, check
 

@@ -30,8 +30,10 @@ class PullFlow(DataFlow):
         recv_timeout: float | None,
         max_msg_size: int | None = None,
         allow_remote: bool = False,
+        curve_keys: str | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.curve_keys = curve_keys
         self.allow_remote = allow_remote
         self.hwm = hwm
         self.recv_timeout = recv_timeout
@@ -48,6 +50,7 @@ class PullFlow(DataFlow):
                 recv_timeout=self.recv_timeout,
                 max_msg_size=self.max_msg_size,
                 allow_remote=self.allow_remote,
+                curve_keys=self.curve_keys,
             )
         return self.consumer
 

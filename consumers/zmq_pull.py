@@ -14,7 +14,7 @@ import numpy as np
 import zmq
 
 from consumers.accounting import SeqTracker
-from wire import message
+from wire import curve, message
 from wire.endpoints import attach
 
 
@@ -38,6 +38,7 @@ class PullConsumer:
         recv_timeout: float | None = None,
         max_msg_size: int | None = None,
         allow_remote: bool = False,
+        curve_keys: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.recv_timeout = recv_timeout
@@ -47,10 +48,13 @@ class PullConsumer:
         self._sock.setsockopt(zmq.LINGER, 0)
         if max_msg_size:
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
+        self._auth = None
         try:
+            if curve_keys:
+                self._auth = curve.secure(self._sock, curve_keys, server=bind)
             attach(self._sock, endpoint, bind, allow_remote)
         except BaseException:
-            self._sock.close(0)
+            self.close()
             raise
         self.tracker = SeqTracker()
         self.batches = 0
@@ -84,6 +88,9 @@ class PullConsumer:
 
     def close(self) -> None:
         self._sock.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
 
     def __enter__(self) -> PullConsumer:
         return self

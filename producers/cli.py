@@ -8,6 +8,7 @@ import sys
 from producers import launcher
 from producers.sender import SendConfig
 from producers.synthetic import SyntheticSource
+from wire import curve
 from wire.endpoints import EndpointError, check
 from wire.message import FORMATS
 
@@ -34,6 +35,7 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
         "--give-up-after", type=float, default=60.0, help="stop when no consumer takes a batch for this many seconds"
     )
     g.add_argument("--allow-remote", action="store_true", help="allow binding a non-loopback address (unauthenticated)")
+    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate with the CURVE keys in DIR (see make-keys)")
     g.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -48,6 +50,7 @@ def send_config(args: argparse.Namespace) -> SendConfig:
         producer_id=args.producer_id,
         give_up_after=args.give_up_after,
         allow_remote=args.allow_remote,
+        curve_keys=args.curve_keys,
     )
 
 
@@ -83,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", type=positive_int, default=4, help="distinct pre-generated batches to cycle")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_synthetic)
+
+    p = sub.add_parser("make-keys", help="create CURVE key pairs for encrypted, authenticated streams")
+    p.add_argument("folder", help="where to write server.key(_secret) and client.key(_secret)")
+    p.set_defaults(func=lambda a: print(f"keys in {curve.make_keys(a.folder)}; copy the folder to every host") or 0)
 
     from producers import bench_wire
 

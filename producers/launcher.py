@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from producers import sender
 from producers.sender import Counters, SendConfig, Source
+from wire.curve import CurveError
 from wire.endpoints import EndpointError
 
 _PR_SET_PDEATHSIG = 1
@@ -52,7 +53,7 @@ def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status) 
             should_stop,
             on_ready=lambda: status.put((worker, "ready", "")),
         )
-    except EndpointError as e:
+    except (EndpointError, CurveError) as e:
         status.put((worker, "error", str(e)))
         code = sender.BAD_ENDPOINT
     except Exception as e:  # reported by the parent as one line, not a worker traceback

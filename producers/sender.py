@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from wire import message
+from wire import curve, message
 from wire.endpoints import attach
 
 Source = Callable[[int], Iterator[tuple[np.ndarray, ...]]]
@@ -37,6 +37,7 @@ class SendConfig:
     producer_id: int = 0
     give_up_after: float = 60.0  # a send blocked this long means the consumer is gone
     allow_remote: bool = False
+    curve_keys: str | None = None  # key folder: encrypt and authenticate the stream (wire/curve.py)
 
 
 class Counters:
@@ -131,7 +132,10 @@ def run(
     sock.setsockopt(zmq.SNDHWM, cfg.hwm)
     # Queue only to live connections, so "sent" means a consumer is there to take it.
     sock.setsockopt(zmq.IMMEDIATE, 1)
+    auth = None
     try:
+        if cfg.curve_keys:
+            auth = curve.secure(sock, cfg.curve_keys, server=cfg.bind)
         attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote)
         on_ready()
         batches = source(worker)
@@ -165,4 +169,6 @@ def run(
     finally:
         # Let queued messages reach the consumer, but not forever if it is gone or we were stopped.
         sock.close(linger=0 if should_stop() else int(cfg.give_up_after * 1000))
+        if auth is not None:
+            auth.stop()
         ctx.term()

@@ -42,6 +42,7 @@ class BenchConfig:
     recv_timeout: float = 60.0
     on_producer_exit: str = "stop"  # or "continue" on the remaining producers
     allow_remote: bool = False
+    curve_keys: str | None = None  # CURVE key folder for the Python paths (wire/curve.py)
     max_msg_size: int | None = None
     json_path: str | None = None
     shrunk: dict[str, tuple] = field(default_factory=dict)

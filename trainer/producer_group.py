@@ -98,10 +98,18 @@ class ProducerGroup:
 
 
 def synthetic_command(
-    endpoint: str, producer_id: int, batch: int, image_size: int, fmt: str, workers: int, hwm: int
+    endpoint: str,
+    producer_id: int,
+    batch: int,
+    image_size: int,
+    fmt: str,
+    workers: int,
+    hwm: int,
+    curve_keys: str | None = None,
 ) -> list[str]:
     """The command line of one synthetic producer that connects to the run's endpoint."""
-    return [
+    cmd = [
         "-m", "producers", "synthetic", "--endpoint", endpoint, "--batch", str(batch), "--image-size", str(image_size),
         "--format", fmt, "--workers", str(workers), "--hwm", str(hwm), "--producer-id", str(producer_id), "--quiet",
     ]  # fmt: skip
+    return cmd + (["--curve-keys", curve_keys] if curve_keys else [])

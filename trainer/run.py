@@ -120,7 +120,16 @@ def _producers(cfg: BenchConfig, endpoint: str) -> ProducerGroup | None:
         print(f"  waiting for an external producer to connect to {endpoint}", flush=True)
         return None
     cmds = [
-        synthetic_command(endpoint, 1000 * i, cfg.batch, cfg.image_size, cfg.wire_format, cfg.producer_workers, cfg.hwm)
+        synthetic_command(
+            endpoint,
+            1000 * i,
+            cfg.batch,
+            cfg.image_size,
+            cfg.wire_format,
+            cfg.producer_workers,
+            cfg.hwm,
+            cfg.curve_keys,
+        )
         for i in range(cfg.producers)
     ]
     return ProducerGroup(cmds, endpoint).start()
@@ -146,7 +155,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             elif path == "cpu":
                 source = stage_onto_devices(cpu_synthetic_input(cfg.batch, cfg.image_size))
             elif path in ("python-queue", "python-dataset"):
-                flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote)
+                flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys)
                 flow.open()
                 group = _producers(cfg, endpoint)
                 if path == "python-queue":
