@@ -1,0 +1,119 @@
+"""`python -m producers make-dataset`: a small ImageNet-layout folder of real JPEG photographs.
+
+Decoding cost depends on what is decoded: random noise compresses badly and
+decodes unlike a photograph, so the decoding benchmarks need real pictures.
+The photographs that ship inside scikit-image (no download) are cut, scaled
+and flipped at random into JPEGs of ImageNet's typical size (about 500x375,
+some portrait) and quality (about 90), one sub-folder per class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+# Photographs bundled with scikit-image itself (available offline); grey ones become RGB.
+PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "cat",
+    "hubble_deep_field",
+    "immunohistochemistry",
+    "retina",
+    "camera",
+    "coins",
+    "moon",
+    "brick",
+    "grass",
+    "gravel",
+    "clock",
+)
+
+# ImageNet's common sizes: 500 on the long side, 333..375 on the short one, a few bigger.
+LONG_SIDES = (500, 500, 500, 500, 480, 512, 640)
+SHORT_RATIOS = (0.75, 0.75, 0.75, 0.666, 0.70, 0.8)
+PORTRAIT_SHARE = 0.2
+
+
+def load_photos() -> list[np.ndarray]:
+    """The bundled photographs as RGB uint8 arrays (skipping any this install lacks)."""
+    import skimage.data
+
+    photos = []
+    for name in PHOTOS:
+        try:
+            img = np.asarray(getattr(skimage.data, name)())
+        except Exception:  # an optional data file not in this install: use the others
+            continue
+        if img.ndim == 2:
+            img = np.stack([img] * 3, axis=-1)
+        photos.append(np.ascontiguousarray(img[..., :3].astype(np.uint8)))
+    if not photos:
+        raise RuntimeError("no scikit-image sample photographs could be loaded")
+    return photos
+
+
+def random_view(photo: np.ndarray, rng: np.random.Generator) -> Image.Image:
+    """A random crop of `photo`, scaled to an ImageNet-like size, maybe mirrored and re-lit."""
+    long_side = int(rng.choice(LONG_SIDES)) + int(rng.integers(-12, 13))
+    short_side = int(round(long_side * float(rng.choice(SHORT_RATIOS)))) + int(rng.integers(-8, 9))
+    w, h = (short_side, long_side) if rng.random() < PORTRAIT_SHARE else (long_side, short_side)
+    ph, pw = photo.shape[:2]
+    # The largest crop of the target's aspect ratio, then 45-100% of it, anywhere in the photo.
+    aspect = w / h
+    cw, ch = (pw, round(pw / aspect)) if pw / ph < aspect else (round(ph * aspect), ph)
+    f = float(rng.uniform(0.45, 1.0))
+    cw, ch = max(16, int(cw * f)), max(16, int(ch * f))
+    x, y = int(rng.integers(0, pw - cw + 1)), int(rng.integers(0, ph - ch + 1))
+    img = Image.fromarray(photo[y : y + ch, x : x + cw]).resize((w, h), Image.Resampling.LANCZOS)
+    if rng.random() < 0.5:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    gain = float(rng.uniform(0.85, 1.15))
+    if abs(gain - 1) > 0.02:
+        img = img.point(lambda v: min(255, int(v * gain)))
+    return img
+
+
+def make_dataset(root: str | Path, classes: int, per_class: int, seed: int = 0, quality: int = 90) -> list[Path]:
+    """Write `classes` folders (n00000000, n00000001, ...) of `per_class` JPEGs each; returns the files."""
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    photos = load_photos()
+    written = []
+    for c in range(classes):
+        folder = root / f"n{c:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for k in range(per_class):
+            img = random_view(photos[int(rng.integers(len(photos)))], rng)
+            path = folder / f"n{c:08d}_{k}.JPEG"
+            img.save(path, "JPEG", quality=int(quality + rng.integers(-2, 3)))
+            written.append(path)
+    return written
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        files = make_dataset(args.folder, args.classes, args.per_class, args.seed, args.quality)
+    except (OSError, RuntimeError) as e:
+        print(f"error: cannot make a dataset in {args.folder}: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(files)} JPEGs in {args.classes} class folders under {args.folder}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from producers.cli import positive_int
+
+    p = sub.add_parser("make-dataset", help="write an ImageNet-layout folder of JPEG photographs")
+    p.add_argument("folder", help="where to write the class sub-folders")
+    p.add_argument("--classes", type=positive_int, default=10, help="class sub-folders")
+    p.add_argument("--per-class", type=positive_int, default=50, help="JPEGs per class")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality (each file varies by up to 2)")
+    p.set_defaults(func=_run)
