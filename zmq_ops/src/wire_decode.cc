@@ -1,0 +1,292 @@
+// Decoders for the zmq_ops and native wire formats (see wire_decode.h).
+
+#include "wire_decode.h"
+
+#include <cstring>
+#include <sstream>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the wire formats are read as little-endian; this host is not"
+#endif
+
+namespace feedbench {
+namespace wire {
+namespace {
+
+// Reads a fixed-size integer from a possibly unaligned position.
+template <typename T>
+T Read(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+bool Fail(WireError* err, std::string field, std::string message) {
+  err->field = std::move(field);
+  err->message = std::move(message);
+  return false;
+}
+
+std::string TensorField(int i, const char* what) {
+  return "tensor[" + std::to_string(i) + "]." + what;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t j = 0; j < shape.size(); ++j) s << (j ? ", " : "") << shape[j];
+  s << "]";
+  return s.str();
+}
+
+// Bytes needed by a tensor of `shape` and `itemsize`; false on overflow
+// (no such message can be valid, since it could never be that long).
+bool ByteCount(const std::vector<int64_t>& shape, size_t itemsize, uint64_t* out) {
+  for (int64_t d : shape) {
+    if (d == 0) {  // an empty tensor, however large its other dimensions
+      *out = 0;
+      return true;
+    }
+  }
+  uint64_t n = itemsize;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  }
+  if (n > static_cast<uint64_t>(INT64_MAX)) return false;
+  *out = n;
+  return true;
+}
+
+std::string SizeMismatch(const std::vector<int64_t>& shape, int dtype, bool ok, uint64_t expected) {
+  std::ostringstream s;
+  s << "shape " << ShapeString(shape) << " x " << ItemSize(dtype) << "-byte " << DtypeName(dtype);
+  if (ok) {
+    s << " = " << expected;
+  } else {
+    s << " is more than 2^63 bytes";
+  }
+  return s.str();
+}
+
+std::string Printable(const char* p, size_t n) {
+  std::ostringstream s;
+  s << "b'";
+  for (size_t k = 0; k < n; ++k) {
+    unsigned char c = static_cast<unsigned char>(p[k]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      s << static_cast<char>(c);
+    } else {
+      static const char* hex = "0123456789abcdef";
+      s << "\\x" << hex[c >> 4] << hex[c & 15];
+    }
+  }
+  s << "'";
+  return s.str();
+}
+
+}  // namespace
+
+size_t ItemSize(int dtype) {
+  switch (dtype) {
+    case 1: return 4;   // float32
+    case 2: return 8;   // float64
+    case 3: return 4;   // int32
+    case 4: return 1;   // uint8
+    case 5: return 2;   // int16
+    case 6: return 1;   // int8
+    case 9: return 8;   // int64
+    case 10: return 1;  // bool
+    case 17: return 2;  // uint16
+    case 19: return 2;  // float16
+    case 22: return 4;  // uint32
+    case 23: return 8;  // uint64
+    default: return 0;
+  }
+}
+
+const char* DtypeName(int dtype) {
+  switch (dtype) {
+    case 1: return "float32";
+    case 2: return "float64";
+    case 3: return "int32";
+    case 4: return "uint8";
+    case 5: return "int16";
+    case 6: return "int8";
+    case 9: return "int64";
+    case 10: return "bool";
+    case 17: return "uint16";
+    case 19: return "float16";
+    case 22: return "uint32";
+    case 23: return "uint64";
+    default: return "unknown";
+  }
+}
+
+bool IsNative(const std::vector<Frame>& frames) {
+  if (frames.size() > 1) return true;
+  return !frames.empty() && frames[0].size >= 4 && std::memcmp(frames[0].data, kNativeMagic, 4) == 0;
+}
+
+bool DecodeZmqOps(const Frame& frame, std::vector<TensorView>* out, WireError* err) {
+  const char* buf = frame.data;
+  const size_t size = frame.size;
+  out->clear();
+  if (size < 4) {
+    return Fail(err, "n_tensors", "message is " + std::to_string(size) + " bytes, too short for the tensor count");
+  }
+  const int32_t n = Read<int32_t>(buf);
+  if (n < 0 || n > kMaxTensors) {
+    return Fail(err, "n_tensors", std::to_string(n) + " is outside 0.." + std::to_string(kMaxTensors));
+  }
+  size_t off = 4;
+  out->reserve(n);
+  for (int i = 0; i < n; ++i) {
+    const std::string at = "truncated at byte " + std::to_string(off) + " of " + std::to_string(size);
+    if (size - off < 8) return Fail(err, TensorField(i, "dtype"), at);
+    TensorView t;
+    t.dtype = Read<int32_t>(buf + off);
+    const int32_t ndim = Read<int32_t>(buf + off + 4);
+    off += 8;
+    if (ItemSize(t.dtype) == 0) {
+      return Fail(err, TensorField(i, "dtype"), "unknown dtype code " + std::to_string(t.dtype));
+    }
+    if (ndim < 0 || ndim > kMaxNdim) {
+      return Fail(err, TensorField(i, "ndim"),
+                  std::to_string(ndim) + " is outside 0.." + std::to_string(kMaxNdim));
+    }
+    if (size - off < 4 * static_cast<size_t>(ndim) + 8) {
+      return Fail(err, TensorField(i, "shape"),
+                  "truncated at byte " + std::to_string(off) + " of " + std::to_string(size));
+    }
+    for (int j = 0; j < ndim; ++j) {
+      const int32_t d = Read<int32_t>(buf + off + 4 * j);
+      if (d < 0) {
+        return Fail(err, TensorField(i, "shape[") + std::to_string(j) + "]",
+                    "negative dimension " + std::to_string(d));
+      }
+      t.shape.push_back(d);
+    }
+    off += 4 * static_cast<size_t>(ndim);
+    const int64_t nbytes = Read<int64_t>(buf + off);
+    off += 8;
+    uint64_t expected = 0;
+    const bool fits = ByteCount(t.shape, ItemSize(t.dtype), &expected);
+    if (!fits || nbytes < 0 || static_cast<uint64_t>(nbytes) != expected) {
+      return Fail(err, TensorField(i, "nbytes"),
+                  std::to_string(nbytes) + " does not match " + SizeMismatch(t.shape, t.dtype, fits, expected));
+    }
+    if (expected > size - off) {
+      return Fail(err, TensorField(i, "data"),
+                  "needs " + std::to_string(expected) + " bytes, only " + std::to_string(size - off) + " left");
+    }
+    t.data = buf + off;
+    t.nbytes = expected;
+    off += expected;
+    out->push_back(std::move(t));
+  }
+  if (off != size) {
+    return Fail(err, "message",
+                std::to_string(size - off) + " trailing bytes after " + std::to_string(n) + " tensors");
+  }
+  return true;
+}
+
+bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeHeader* header,
+                  std::vector<TensorView>* out, WireError* err) {
+  out->clear();
+  if (frames.empty() || total_frames == 0) return Fail(err, "frames", "empty message");
+  const char* buf = frames[0].data;
+  const size_t size = frames[0].size;
+  if (size < kNativeFixedSize) {
+    return Fail(err, "header",
+                std::to_string(size) + " bytes, shorter than the " + std::to_string(kNativeFixedSize) +
+                    "-byte fixed part");
+  }
+  if (std::memcmp(buf, kNativeMagic, 4) != 0) {
+    return Fail(err, "magic", Printable(buf, 4) + " is not b'FBWN'");
+  }
+  const uint16_t version = Read<uint16_t>(buf + 4);
+  if (version != kNativeVersion) {
+    return Fail(err, "version",
+                "unknown header version " + std::to_string(version) + " (this build reads " +
+                    std::to_string(kNativeVersion) + ")");
+  }
+  const uint16_t n = Read<uint16_t>(buf + 6);
+  if (n > kMaxTensors) {
+    return Fail(err, "n_tensors", std::to_string(n) + " > " + std::to_string(kMaxTensors));
+  }
+  header->producer_id = Read<uint32_t>(buf + 8);
+  header->seq = Read<uint64_t>(buf + 12);
+  header->send_time_ns = Read<int64_t>(buf + 20);
+  const uint32_t extras_len = Read<uint32_t>(buf + 28);
+
+  size_t off = kNativeFixedSize;
+  out->reserve(n);
+  for (int i = 0; i < n; ++i) {
+    if (size - off < 8) {
+      return Fail(err, TensorField(i, "dtype"),
+                  "header truncated at byte " + std::to_string(off) + " of " + std::to_string(size));
+    }
+    TensorView t;
+    t.dtype = Read<int32_t>(buf + off);
+    const int32_t ndim = Read<int32_t>(buf + off + 4);
+    off += 8;
+    if (ItemSize(t.dtype) == 0) {
+      return Fail(err, TensorField(i, "dtype"), "unknown dtype code " + std::to_string(t.dtype));
+    }
+    if (ndim < 0 || ndim > kMaxNdim) {
+      return Fail(err, TensorField(i, "ndim"),
+                  std::to_string(ndim) + " is outside 0.." + std::to_string(kMaxNdim));
+    }
+    if (size - off < 8 * static_cast<size_t>(ndim)) {
+      return Fail(err, TensorField(i, "shape"),
+                  "header truncated at byte " + std::to_string(off) + " of " + std::to_string(size));
+    }
+    for (int j = 0; j < ndim; ++j) {
+      const int64_t d = Read<int64_t>(buf + off + 8 * j);
+      if (d < 0) {
+        return Fail(err, TensorField(i, "shape[") + std::to_string(j) + "]",
+                    "negative dimension " + std::to_string(d));
+      }
+      t.shape.push_back(d);
+    }
+    off += 8 * static_cast<size_t>(ndim);
+    out->push_back(std::move(t));
+  }
+  if (static_cast<uint64_t>(extras_len) != size - off) {
+    return Fail(err, "extras_len",
+                std::to_string(extras_len) + " does not match the " + std::to_string(size - off) +
+                    " bytes left in the header");
+  }
+  // The msgpack extras are producer telemetry; the op does not need them.
+
+  if (total_frames != static_cast<size_t>(n) + 1) {
+    return Fail(err, "frames",
+                "header declares " + std::to_string(n) + " tensors but " + std::to_string(total_frames - 1) +
+                    " data frames arrived");
+  }
+  for (int i = 0; i < n; ++i) {
+    TensorView& t = (*out)[i];
+    const Frame& f = frames[i + 1];
+    uint64_t expected = 0;
+    const bool fits = ByteCount(t.shape, ItemSize(t.dtype), &expected);
+    if (!fits || f.size != expected) {
+      return Fail(err, TensorField(i, "nbytes"),
+                  "frame has " + std::to_string(f.size) + " bytes, " + SizeMismatch(t.shape, t.dtype, fits, expected));
+    }
+    t.data = f.data;
+    t.nbytes = f.size;
+  }
+  return true;
+}
+
+bool DecodeMessage(const std::vector<Frame>& frames, size_t total_frames, bool* is_native,
+                   NativeHeader* header, std::vector<TensorView>* out, WireError* err) {
+  *is_native = total_frames > 1 || IsNative(frames);
+  if (*is_native) return DecodeNative(frames, total_frames, header, out, err);
+  if (frames.empty()) return Fail(err, "frames", "empty message");
+  return DecodeZmqOps(frames[0], out, err);
+}
+
+}  // namespace wire
+}  // namespace feedbench

@@ -1,0 +1,98 @@
+// A ZMQ PULL socket shared by the pull ops of one graph, as a TF resource.
+//
+// The connection owns a small thread pool on which ZMQPull runs its blocking
+// receive, so a pull that waits for a producer does not hold one of
+// TensorFlow's inter-op threads. The socket is guarded by a mutex that is held
+// only while one whole message is taken off the socket; decoding and copying
+// into the output tensors happen after the lock is released, so several pulls
+// in flight (one per tower) overlap their copies.
+
+#ifndef FEEDBENCH_ZMQ_OPS_ZMQ_CONNECTION_H_
+#define FEEDBENCH_ZMQ_OPS_ZMQ_CONNECTION_H_
+
+#include <zmq.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/cancellation.h"
+#include "tensorflow/core/framework/resource_base.h"
+#include "tensorflow/core/lib/core/threadpool.h"
+#include "tensorflow/core/platform/status.h"
+#include "wire_decode.h"
+
+namespace feedbench {
+
+struct ConnectionOptions {
+  std::string end_point;
+  int hwm = 10;                // ZMQ_RCVHWM, in messages
+  bool bind = true;            // bind (consumer side listens) or connect
+  int64_t timeout_ms = -1;     // per pull; -1 waits forever
+  int64_t max_msg_size = -1;   // ZMQ_MAXMSGSIZE, per frame; -1 is unlimited
+  int num_threads = 4;         // receive threads, i.e. pulls that can wait at once
+};
+
+// All frames of one received multipart message. Owns the zmq_msg_t buffers;
+// frames past kKeptFrames are received and dropped, but still counted, so a
+// peer that sends a million frames costs the receiver no memory beyond ZMQ's.
+class Message {
+ public:
+  static constexpr size_t kKeptFrames = wire::kMaxTensors + 2;
+
+  Message() = default;
+  Message(const Message&) = delete;
+  Message& operator=(const Message&) = delete;
+  ~Message();
+
+  std::vector<wire::Frame> Frames() const;
+  size_t total_frames() const { return total_frames_; }
+  size_t total_bytes() const { return total_bytes_; }
+
+ private:
+  friend class ZmqConnection;
+  // Each zmq_msg_t stays where ZMQ initialised it (ZMQ forbids copying one).
+  std::vector<std::unique_ptr<zmq_msg_t>> msgs_;
+  size_t total_frames_ = 0;
+  size_t total_bytes_ = 0;
+};
+
+class ZmqConnection : public tensorflow::ResourceBase {
+ public:
+  // Opens, configures and binds/connects the socket; errors name the endpoint.
+  static absl::Status Create(const ConnectionOptions& options, ZmqConnection** out);
+  ~ZmqConnection() override;
+
+  std::string DebugString() const override;
+  const ConnectionOptions& options() const { return options_; }
+
+  // Runs `fn` on the connection's receive threads.
+  void Schedule(std::function<void()> fn) { pool_->Schedule(std::move(fn)); }
+
+  // Waits for one whole message, at most timeout_ms (DeadlineExceeded), and
+  // gives up with Cancelled when the step is cancelled or the connection is
+  // being destroyed. `cancel` may be null.
+  absl::Status Receive(Message* msg, tensorflow::CancellationManager* cancel);
+
+ private:
+  explicit ZmqConnection(const ConnectionOptions& options);
+  absl::Status Open();
+  // Takes every frame of the message that is ready on the socket.
+  absl::Status TakeMessage(Message* msg);
+  absl::Status StopReason(tensorflow::CancellationManager* cancel, int64_t deadline_ms) const;
+
+  ConnectionOptions options_;
+  void* context_ = nullptr;
+  void* socket_ = nullptr;
+  std::timed_mutex socket_mu_;  // held only while a message is taken off the socket
+  std::atomic<bool> closing_{false};
+  std::unique_ptr<tensorflow::thread::ThreadPool> pool_;
+};
+
+}  // namespace feedbench
+
+#endif  // FEEDBENCH_ZMQ_OPS_ZMQ_CONNECTION_H_

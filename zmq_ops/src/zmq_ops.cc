@@ -1,0 +1,186 @@
+// The ZMQConnection and ZMQPull ops: tensors from a ZMQ PULL socket.
+//
+// Op names, inputs and attributes match tensorpack/zmq_ops, so its Python
+// wrappers and tensorpack's ZMQInput work unchanged; timeout_ms and
+// max_msg_size are additions with defaults that keep the old behaviour.
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_op_kernel.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "wire_decode.h"
+#include "zmq_connection.h"
+
+// Lets the build script tell which TensorFlow this library was built for
+// without loading it (see zmq_ops/build.py).
+#ifndef ZMQ_OPS_BUILD_STAMP
+#define ZMQ_OPS_BUILD_STAMP "unknown"
+#endif
+extern "C" __attribute__((used, visibility("default"))) const char feedbench_zmq_ops_build_stamp[] =
+    "feedbench-zmq-ops-stamp:" ZMQ_OPS_BUILD_STAMP;
+
+namespace feedbench {
+namespace {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::DataType;
+using tensorflow::DataTypeString;
+using tensorflow::DataTypeVector;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+namespace errors = tensorflow::errors;
+
+// Creates the connection once per (container, shared_name); later runs of
+// the op, and other graphs sharing the name, get the same socket.
+class ZmqConnectionOp : public tensorflow::ResourceOpKernel<ZmqConnection> {
+ public:
+  explicit ZmqConnectionOp(OpKernelConstruction* ctx) : ResourceOpKernel<ZmqConnection>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("end_point", &options_.end_point));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("hwm", &options_.hwm));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bind", &options_.bind));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_ms", &options_.timeout_ms));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_msg_size", &options_.max_msg_size));
+  }
+
+ private:
+  absl::Status CreateResource(ZmqConnection** ret) override TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ZmqConnection::Create(options_, ret);
+  }
+
+  // Two ops sharing a name must mean the same socket.
+  absl::Status VerifyResource(ZmqConnection* conn) override {
+    const ConnectionOptions& o = conn->options();
+    if (o.end_point != options_.end_point || o.bind != options_.bind) {
+      return errors::InvalidArgument("shared ZMQ connection ", conn->DebugString(), " cannot be reused for ",
+                                     options_.end_point, options_.bind ? " (bind)" : " (connect)");
+    }
+    return absl::OkStatus();
+  }
+
+  ConnectionOptions options_;
+};
+
+// Receives one message and turns it into the op's outputs. The blocking
+// receive runs on the connection's own threads (see ZmqConnection).
+class ZmqPullOp : public AsyncOpKernel {
+ public:
+  explicit ZmqPullOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("types", &types_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    ZmqConnection* conn = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &conn), done);
+    // The closure holds no reference: ~ZmqConnection drains the pool before
+    // it frees anything, and dropping the last reference on a pool thread
+    // would make the pool wait for itself.
+    tensorflow::core::ScopedUnref unref(conn);
+    conn->Schedule([this, ctx, conn, done = std::move(done)]() {
+      ctx->SetStatus(Pull(ctx, conn));
+      done();
+    });
+  }
+
+ private:
+  absl::Status Pull(OpKernelContext* ctx, ZmqConnection* conn) {
+    const std::string& ep = conn->options().end_point;
+    Message msg;
+    TF_RETURN_IF_ERROR(conn->Receive(&msg, ctx->cancellation_manager()));
+
+    // Socket lock released: decode and copy while other pulls receive.
+    std::vector<wire::Frame> frames = msg.Frames();
+    std::vector<wire::TensorView> tensors;
+    wire::NativeHeader header;
+    wire::WireError err;
+    bool native = false;
+    if (!wire::DecodeMessage(frames, msg.total_frames(), &native, &header, &tensors, &err)) {
+      return errors::InvalidArgument("bad ", native ? "native" : "zmq_ops", " message from ", ep, ": ",
+                                     err.ToString());
+    }
+    if (tensors.size() != types_.size()) {
+      return errors::InvalidArgument("n_tensors: message from ", ep, " has ", tensors.size(),
+                                     " tensors, the op expects ", types_.size(), " (",
+                                     tensorflow::DataTypeVectorString(types_), ")");
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const DataType got = static_cast<DataType>(tensors[i].dtype);
+      if (got != types_[i]) {
+        return errors::InvalidArgument("tensor[", i, "].dtype: message from ", ep, " has ",
+                                       DataTypeString(got), ", the op expects ", DataTypeString(types_[i]));
+      }
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const wire::TensorView& t = tensors[i];
+      TensorShape shape;
+      absl::Status s = TensorShape::BuildTensorShape(t.shape, &shape);
+      if (!s.ok()) {
+        return errors::InvalidArgument("tensor[", i, "].shape: message from ", ep, ": ", s.message());
+      }
+      Tensor* out = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), shape, &out));
+      if (t.nbytes == 0) continue;
+      char* dst = static_cast<char*>(out->data());
+      if (types_[i] == tensorflow::DT_BOOL) {
+        // Any byte other than 0 or 1 would be an invalid C++ bool.
+        for (size_t k = 0; k < t.nbytes; ++k) dst[k] = t.data[k] != 0;
+      } else {
+        std::memcpy(dst, t.data, t.nbytes);  // the one copy: ZMQ's buffer -> tensor
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  DataTypeVector types_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("ZMQConnection").Device(tensorflow::DEVICE_CPU), ZmqConnectionOp);
+REGISTER_KERNEL_BUILDER(Name("ZMQPull").Device(tensorflow::DEVICE_CPU), ZmqPullOp);
+
+}  // namespace
+}  // namespace feedbench
+
+REGISTER_OP("ZMQConnection")
+    .Output("handle: resource")
+    .Attr("end_point: string")
+    .Attr("hwm: int >= 1 = 10")
+    .Attr("bind: bool = true")
+    .Attr("timeout_ms: int = -1")
+    .Attr("max_msg_size: int = -1")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+A ZMQ PULL socket, as a resource shared by the ZMQPull ops that use it.
+
+end_point: the ZMQ endpoint (ipc://PATH, tcp://HOST:PORT).
+hwm: receive high-water mark, in messages.
+bind: bind to the endpoint (true) or connect to it (false).
+timeout_ms: a pull that gets no message in this time fails with
+  DeadlineExceeded; -1 waits forever.
+max_msg_size: ZMQ_MAXMSGSIZE, the largest frame a peer may send before it is
+  disconnected; -1 is unlimited.
+)doc");
+
+REGISTER_OP("ZMQPull")
+    .Input("handle: resource")
+    .Output("output: types")
+    .Attr("types: list(type) >= 0")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::UnknownShape)
+    .Doc(R"doc(
+Receives one message from a ZMQConnection and returns its tensors.
+
+Accepts the single-frame zmq_ops format and feedbench's native multipart
+format (docs/wire.md). A malformed message, or one whose tensor count or
+dtypes differ from `types`, fails the step with InvalidArgument naming the
+offending field; the connection stays usable.
+)doc");
