@@ -80,6 +80,11 @@ class ZMQPullSocket:
         return self._name
 
     @property
+    def handle(self) -> tf.Tensor:
+        """The connection's resource handle; more zmq_pull ops may share it."""
+        return self._handle
+
+    @property
     def end_point(self) -> str:
         return self._end_point
 
