@@ -35,7 +35,9 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
         "--give-up-after", type=float, default=60.0, help="stop when no consumer takes a batch for this many seconds"
     )
     g.add_argument("--allow-remote", action="store_true", help="allow binding a non-loopback address (unauthenticated)")
-    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate with the CURVE keys in DIR (see make-keys)")
+    g.add_argument(
+        "--curve-keys", metavar="DIR", help="encrypt and authenticate with the CURVE keys in DIR (see make-keys)"
+    )
     g.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -91,9 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", help="where to write server.key(_secret) and client.key(_secret)")
     p.set_defaults(func=lambda a: print(f"keys in {curve.make_keys(a.folder)}; copy the folder to every host") or 0)
 
-    from producers import bench_wire
+    from producers import bench_decode, bench_wire, dali_source, dataset, decode
 
-    bench_wire.register(sub)
+    for module in (bench_wire, dataset, decode, dali_source, bench_decode):
+        module.register(sub)
     return parser
 
 

@@ -1,0 +1,170 @@
+"""`python -m producers dali`: the same ImageNet input as `decode`, as an NVIDIA DALI pipeline.
+
+Read → decode → random-resized crop → random flip, declared with
+@pipeline_def. With --dali-device gpu the decoder runs on the GPU ("mixed")
+and the crop there too; with cpu, DALI runs without a GPU (device_id=None).
+Batches are copied to host memory and pushed by the same sender as every
+other producer, so a consumer cannot tell the producers apart.
+
+Each worker process (--workers) runs its own pipeline on its own shard of the
+files; --dali-threads sets each pipeline's num_threads. DALI cannot skip a
+bad file: one that does not decode stops the producer with DALI's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+INSTALL_HINT = "pip install -e '.[dali]'  (or: .venv/bin/pip install nvidia-dali-cuda120)"
+
+
+class DaliMissingError(ImportError):
+    """nvidia.dali cannot be imported; the message says how to install it."""
+
+
+def import_dali():
+    """The nvidia.dali package, or DaliMissingError with the install command."""
+    try:
+        import nvidia.dali as dali
+    except ImportError as e:
+        raise DaliMissingError(f"NVIDIA DALI is not installed ({e}); install it with: {INSTALL_HINT}") from None
+    return dali
+
+
+def build_pipeline(
+    root: str,
+    files: list[str],
+    labels: list[int],
+    batch: int,
+    image_size: int,
+    device: str = "cpu",
+    num_threads: int = 1,
+    shard_id: int = 0,
+    num_shards: int = 1,
+    seed: int = 0,
+    device_id: int = 0,
+):
+    """A built DALI pipeline whose outputs are (uint8 NHWC images, int32 labels)."""
+    dali = import_dali()
+    from nvidia.dali import fn, types
+
+    @dali.pipeline_def(
+        batch_size=batch,
+        num_threads=num_threads,
+        device_id=device_id if device == "gpu" else None,  # None: CPU-only mode, no GPU needed
+        seed=seed * 1000 + shard_id + 1,
+        prefetch_queue_depth=2,
+    )
+    def imagenet_train():
+        jpegs, label = fn.readers.file(
+            file_root=root,
+            files=files,
+            labels=labels,
+            random_shuffle=True,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            name="reader",
+        )
+        images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
+        images = fn.random_resized_crop(
+            images, size=(image_size, image_size), random_area=(0.08, 1.0), random_aspect_ratio=(3 / 4, 4 / 3)
+        )
+        images = fn.flip(images, horizontal=fn.random.coin_flip())
+        return images, fn.cast(label, dtype=types.INT32)
+
+    pipe = imagenet_train()
+    pipe.build()
+    return pipe
+
+
+def host_batch(pipe) -> tuple[np.ndarray, np.ndarray]:
+    """Run the pipeline once; its outputs as numpy arrays the caller owns."""
+    images, labels = pipe.run()
+    if hasattr(images, "as_cpu"):
+        images = images.as_cpu()
+    # np.array copies: DALI reuses its output buffers, the sender must not see them change.
+    return np.array(images.as_array()), np.array(labels.as_array()).reshape(-1)
+
+
+@dataclass(frozen=True)
+class DaliSource:
+    """Batches from a DALI pipeline; picklable, each worker builds its own pipeline on its shard."""
+
+    root: str
+    list_file: str | None = None
+    batch: int = 64
+    image_size: int = 224
+    workers: int = 1
+    device: str = "cpu"
+    threads: int = 1
+    seed: int = 0
+    device_id: int = 0
+
+    def __call__(self, worker: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        from producers.decode import list_images
+
+        # The same listing as the Python producer: same files, same class indices.
+        files, labels, _ = list_images(self.root, self.list_file)
+        pipe = build_pipeline(
+            self.root,
+            files,
+            labels,
+            self.batch,
+            self.image_size,
+            self.device,
+            self.threads,
+            worker,
+            self.workers,
+            self.seed,
+            self.device_id,
+        )
+        while True:
+            yield host_batch(pipe)
+
+    def describe(self) -> str:
+        return f"dali {self.device} {self.root} -> {self.batch}x{self.image_size}x{self.image_size}x3 uint8"
+
+
+def _run(args: argparse.Namespace) -> int:
+    from producers.cli import run_producer
+    from producers.decode import DatasetError, check_dataset
+
+    try:
+        import_dali()
+        check_dataset(args.data, args.list, args.workers)
+    except (DaliMissingError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    source = DaliSource(
+        str(Path(args.data)),
+        args.list,
+        args.batch,
+        args.image_size,
+        args.workers,
+        args.dali_device,
+        args.dali_threads,
+        args.seed,
+        args.device_id,
+    )
+    return run_producer(source, args, source.describe())
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from producers.cli import add_send_args, positive_int
+    from producers.decode import add_data_args
+
+    p = sub.add_parser("dali", help="the decode producer's work as an NVIDIA DALI pipeline (optional extra)")
+    add_send_args(p)
+    add_data_args(p)
+    p.add_argument(
+        "--dali-device", choices=("cpu", "gpu"), default="cpu", help="decode on the CPU, or on the GPU (mixed)"
+    )
+    p.add_argument("--dali-threads", type=positive_int, default=1, help="DALI num_threads of each worker's pipeline")
+    p.add_argument("--device-id", type=int, default=0, help="GPU of the pipelines with --dali-device gpu")
+    p.set_defaults(func=_run)

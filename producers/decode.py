@@ -1,0 +1,437 @@
+"""`python -m producers decode`: read an ImageNet-layout folder, decode, crop, batch, push.
+
+The standard ImageNet training input in plain Python: each worker process
+takes its own shard of the (per-epoch shuffled) file list, decodes each JPEG,
+takes an Inception-style random-resized crop with a random horizontal flip,
+and fills uint8 NHWC batches with int32 labels (class = index of the sorted
+sub-folder name). The decoding stack is simplejpeg (libjpeg-turbo) with
+scaled decoding and OpenCV resizing; docs/decoding.md says why.
+
+A file that cannot be decoded as a JPEG is skipped and counted (or stops the
+producer, with --on-bad-file fail); a batch is always full, the next files
+fill in for skipped ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import random
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import simplejpeg
+from PIL import Image, UnidentifiedImageError
+
+JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
+WARN_FIRST = 3  # bad files named on stderr per worker; the rest are only counted
+
+cv2.setNumThreads(1)  # one worker is one core; parallelism comes from worker processes
+
+
+class DatasetError(ValueError):
+    """The data folder or list cannot be used; the message names the path."""
+
+
+class BadFileError(RuntimeError):
+    """A file is not a decodable JPEG (raised with --on-bad-file fail)."""
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def class_folders(root: Path) -> list[str]:
+    """Sorted class sub-folder names of an ImageNet-layout folder; DatasetError if unusable."""
+    if not root.exists():
+        raise DatasetError(f"dataset folder {root} does not exist")
+    if not root.is_dir():
+        raise DatasetError(f"dataset folder {root} is not a folder")
+    entries = [e for e in root.iterdir() if not e.name.startswith(".")]
+    if not entries:
+        raise DatasetError(f"dataset folder {root} is empty")
+    classes = sorted(e.name for e in entries if e.is_dir())
+    if not classes:
+        raise DatasetError(f"dataset folder {root} has no class sub-folders (expected {root}/<class>/<image>.JPEG)")
+    return classes
+
+
+def list_images(root: str | Path, list_file: str | Path | None = None) -> tuple[list[str], list[int], list[str]]:
+    """(relative paths, labels, class names) of the dataset, in a fixed order every worker agrees on.
+
+    Without a list, every file with a JPEG suffix in a class folder is used.
+    With one, each line is `relative/path [label]` (DALI's file_list format);
+    a missing label is the index of the path's class folder.
+    """
+    root = Path(root)
+    classes = class_folders(root)
+    index = {c: i for i, c in enumerate(classes)}
+    files: list[str] = []
+    labels: list[int] = []
+    if list_file is None:
+        for c in classes:
+            for name in sorted(e.name for e in (root / c).iterdir() if e.is_file()):
+                if name.lower().endswith(JPEG_SUFFIXES) and not name.startswith("."):
+                    files.append(f"{c}/{name}")
+                    labels.append(index[c])
+        if not files:
+            raise DatasetError(f"dataset folder {root} has no JPEG files in its {len(classes)} class sub-folders")
+        return files, labels, classes
+    try:
+        lines = Path(list_file).read_text().splitlines()
+    except OSError as e:
+        raise DatasetError(f"cannot read file list {list_file}: {e.strerror or e}") from None
+    for n, line in enumerate(lines, 1):
+        parts = line.split()
+        if not parts:
+            continue
+        path = parts[0]
+        if len(parts) > 1:
+            try:
+                label = int(parts[1])
+            except ValueError:
+                raise DatasetError(f"{list_file}:{n}: label {parts[1]!r} is not an integer") from None
+        elif path.split("/")[0] in index:
+            label = index[path.split("/")[0]]
+        else:
+            raise DatasetError(f"{list_file}:{n}: {path} has no label and is not in a class folder of {root}")
+        files.append(path)
+        labels.append(label)
+    if not files:
+        raise DatasetError(f"file list {list_file} names no files")
+    return files, labels, classes
+
+
+# --------------------------------------------------------------------------- augmentation
+
+
+def random_resized_crop_box(
+    height: int,
+    width: int,
+    rng: random.Random,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of an Inception-style crop: random area share and aspect ratio.
+
+    Ten tries at a crop that fits, then the whole image clipped to the ratio
+    range (torchvision's RandomResizedCrop, which DALI's follows too).
+    """
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    aspect = width / height
+    if aspect < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif aspect > ratio[1]:
+        h, w = height, round(height * ratio[1])
+    else:
+        h, w = height, width
+    h, w = min(h, height), min(w, width)
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _crop_resize_flip(img: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray, flip: bool) -> None:
+    """Cut `box` (top, left, height, width in `img`'s pixels) and resize it into `out`, antialiased."""
+    top, left, h, w = box
+    y0, x0 = int(top), int(left)
+    y1, x1 = min(img.shape[0], max(y0 + 1, math.ceil(top + h))), min(img.shape[1], max(x0 + 1, math.ceil(left + w)))
+    # INTER_AREA averages when shrinking (like DALI's antialiased linear resize) and is bilinear when growing.
+    cv2.resize(img[y0:y1, x0:x1], (out.shape[1], out.shape[0]), dst=out, interpolation=cv2.INTER_AREA)
+    if flip:
+        cv2.flip(out, 1, dst=out)
+
+
+# --------------------------------------------------------------------------- decoding stacks
+#
+# Each takes the file's bytes, draws its crop and flip from `rng`, and writes
+# an out.shape image into `out`. All decode below full size when the crop
+# will be shrunk by 2x or more anyway (libjpeg's DCT scaling).
+
+
+def _reduced_scale(height: int, width: int, crop_h: int, crop_w: int, size: int) -> float:
+    """The factor a decode may shrink the image by and still leave the crop at least `size` pixels."""
+    return min(crop_h, crop_w) / size
+
+
+def _decode_simplejpeg(fast: bool) -> Callable[[bytes, random.Random, np.ndarray], None]:
+    def decode(data: bytes, rng: random.Random, out: np.ndarray) -> None:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        top, left, h, w = random_resized_crop_box(height, width, rng)
+        shrink = _reduced_scale(height, width, h, w, out.shape[0])
+        # min_factor=2: only the 1/2, 1/4, 1/8 scalings, which libjpeg-turbo has SIMD code for;
+        # its other factors (7/8, 3/4, ...) decode slower than full size (docs/decoding.md).
+        img = simplejpeg.decode_jpeg(
+            data,
+            colorspace="RGB",
+            fastdct=fast,
+            fastupsample=fast,
+            min_height=math.ceil(height / shrink),
+            min_width=math.ceil(width / shrink),
+            min_factor=2,
+        )
+        f = img.shape[1] / width
+        _crop_resize_flip(img, (top * f, left * f, h * f, w * f), out, rng.random() < 0.5)
+
+    return decode
+
+
+class NotJpegError(ValueError):
+    """The bytes are some other kind of file (or no image at all)."""
+
+
+def _open_jpeg(data: bytes) -> Image.Image:
+    """Pillow's lazy view of a JPEG (reads the header only); NotJpegError for anything else."""
+    try:
+        im = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise NotJpegError("not an image file") from None
+    if im.format != "JPEG":
+        raise NotJpegError(f"not a JPEG but {im.format}")
+    return im
+
+
+def _decode_pillow(data: bytes, rng: random.Random, out: np.ndarray) -> None:
+    im = _open_jpeg(data)
+    width, height = im.size
+    top, left, h, w = random_resized_crop_box(height, width, rng)
+    shrink = _reduced_scale(height, width, h, w, out.shape[0])
+    im.draft("RGB", (math.ceil(width / shrink), math.ceil(height / shrink)))  # libjpeg DCT scaling
+    im = im.convert("RGB")
+    f = im.size[0] / width
+    box = (left * f, top * f, min(im.size[0], (left + w) * f), min(im.size[1], (top + h) * f))
+    im = im.resize((out.shape[1], out.shape[0]), Image.Resampling.BILINEAR, box=box)
+    if rng.random() < 0.5:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    out[...] = np.asarray(im)
+
+
+# The REDUCED_GRAYSCALE_k flags carry only the scale bits; IMREAD_COLOR_RGB adds RGB channel order.
+_CV2_REDUCED = (
+    (8, cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_COLOR_RGB),
+    (4, cv2.IMREAD_REDUCED_GRAYSCALE_4 | cv2.IMREAD_COLOR_RGB),
+    (2, cv2.IMREAD_REDUCED_GRAYSCALE_2 | cv2.IMREAD_COLOR_RGB),
+)
+
+
+def _decode_opencv(data: bytes, rng: random.Random, out: np.ndarray) -> None:
+    im = _open_jpeg(data)  # OpenCV cannot tell the size without decoding
+    width, height = im.size
+    top, left, h, w = random_resized_crop_box(height, width, rng)
+    shrink = _reduced_scale(height, width, h, w, out.shape[0])
+    flag = next((flag for k, flag in _CV2_REDUCED if shrink >= k), cv2.IMREAD_COLOR_RGB)
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+    if img is None:
+        raise ValueError("OpenCV could not decode it")
+    f = img.shape[1] / width
+    _crop_resize_flip(img, (top * f, left * f, h * f, w * f), out, rng.random() < 0.5)
+
+
+DECODERS: dict[str, Callable[[bytes, random.Random, np.ndarray], None]] = {
+    "simplejpeg": _decode_simplejpeg(fast=True),
+    "simplejpeg-exact": _decode_simplejpeg(fast=False),
+    "pillow": _decode_pillow,
+    "opencv": _decode_opencv,
+}
+DEFAULT_DECODER = "simplejpeg"
+
+
+def _decode_with_pillow_fallback(
+    decode: Callable[[bytes, random.Random, np.ndarray], None],
+) -> Callable[[bytes, random.Random, np.ndarray], None]:
+    """Try the fast stack; a JPEG it cannot handle (CMYK, say) gets a second chance in Pillow."""
+
+    def robust(data: bytes, rng: random.Random, out: np.ndarray) -> None:
+        state = rng.getstate()
+        try:
+            decode(data, rng, out)
+        except Exception as first:
+            rng.setstate(state)
+            try:
+                _decode_pillow(data, rng, out)
+            except NotJpegError:
+                raise
+            except Exception:
+                raise first from None
+
+    return robust
+
+
+# --------------------------------------------------------------------------- the source
+
+
+@dataclass(frozen=True)
+class DecodeSource:
+    """Batches decoded from an ImageNet-layout folder; picklable, each worker lists and shards it itself."""
+
+    root: str
+    list_file: str | None = None
+    batch: int = 64
+    image_size: int = 224
+    workers: int = 1
+    seed: int = 0
+    on_bad_file: str = "skip"  # or "fail"
+    decoder: str = DEFAULT_DECODER
+    fallback: bool = True  # give JPEGs the fast stack rejects (CMYK, say) a second chance in Pillow
+    # One slot per worker: bad files so far, read by the parent for its final report.
+    bad_counts: Any = field(default=None, compare=False, repr=False)
+
+    def __call__(self, worker: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        files, labels, _ = list_images(self.root, self.list_file)
+        if len(files) < self.workers:
+            raise DatasetError(f"{len(files)} images in {self.root} cannot be shared by {self.workers} workers")
+        root = Path(self.root)
+        decode = DECODERS[self.decoder]
+        if self.fallback:
+            decode = _decode_with_pillow_fallback(decode)
+        rng = random.Random(f"{self.seed}/{worker}")  # augmentation: different in every worker
+        bad = 0
+        _carry_in_header(lambda: {"bad_files": bad})
+        size = self.image_size
+        images = np.empty((self.batch, size, size, 3), np.uint8)
+        batch_labels = np.empty(self.batch, np.int32)
+        k = 0
+        for epoch in range(sys.maxsize):
+            # Every worker shuffles the same way and takes every workers-th file: disjoint shards.
+            order = list(range(len(files)))
+            random.Random(f"{self.seed}/epoch{epoch}").shuffle(order)
+            good = 0
+            for i in order[worker :: self.workers]:
+                path = root / files[i]
+                try:
+                    decode(path.read_bytes(), rng, images[k])
+                except Exception as e:
+                    if self.on_bad_file == "fail":
+                        raise BadFileError(
+                            f"cannot decode {path}: {e} (--on-bad-file skip would skip such files)"
+                        ) from None
+                    bad += 1
+                    if self.bad_counts is not None:
+                        self.bad_counts[worker] = bad
+                    if bad <= WARN_FIRST:
+                        more = "; further bad files are only counted" if bad == WARN_FIRST else ""
+                        print(f"warning: skipping {path}: {e}{more}", file=sys.stderr, flush=True)
+                    continue
+                good += 1
+                batch_labels[k] = labels[i]
+                k += 1
+                if k == self.batch:
+                    # The sender hands these arrays to ZMQ without copying: never write them again.
+                    yield images, batch_labels
+                    images = np.empty_like(images)
+                    batch_labels = np.empty_like(batch_labels)
+                    k = 0
+            if good == 0:
+                raise BadFileError(
+                    f"worker {worker}: none of its {len(order[worker :: self.workers])} files in "
+                    f"{self.root} could be decoded; nothing to send"
+                )
+
+    def describe(self) -> str:
+        return f"decode {self.root} -> {self.batch}x{self.image_size}x{self.image_size}x3 uint8 ({self.decoder})"
+
+
+class _MessageWithExtras:
+    """wire.message with extra fields added to every native header this process sends."""
+
+    def __init__(self, message: Any, extras: Callable[[], dict[str, Any]]) -> None:
+        self._message, self._extras = message, extras
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._message, name)
+
+    def send(self, sock, arrays, fmt="native", producer_id=0, seq=0, extras=None, flags=0) -> int:
+        if extras is not None:
+            extras = {**extras, **self._extras()}
+        return self._message.send(sock, arrays, fmt, producer_id, seq, extras, flags)
+
+
+def _carry_in_header(extras: Callable[[], dict[str, Any]]) -> None:
+    """Report a worker's own counters (bad files) in each native header it sends.
+
+    `producers.sender` builds each header's extras from its own telemetry and
+    has no hook for a source's counters, so in a worker process (one sender,
+    one source) its view of wire.message is wrapped to add them.
+    """
+    from producers import sender
+    from wire import message
+
+    sender.message = _MessageWithExtras(message, extras)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def check_dataset(root: str, list_file: str | None, workers: int) -> int:
+    """List the dataset once up front, so a bad folder is one line and exit code 2, not N worker errors."""
+    files, _, _ = list_images(root, list_file)
+    if len(files) < workers:
+        raise DatasetError(f"{len(files)} images in {root} cannot be shared by {workers} workers")
+    return len(files)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from producers.cli import run_producer
+
+    try:
+        check_dataset(args.data, args.list, args.workers)
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    import multiprocessing as mp
+
+    bad_counts = mp.get_context("spawn").RawArray("q", args.workers)
+    source = DecodeSource(
+        args.data,
+        args.list,
+        args.batch,
+        args.image_size,
+        args.workers,
+        args.seed,
+        args.on_bad_file,
+        args.decoder,
+        bad_counts,
+    )
+    code = run_producer(source, args, source.describe())
+    bad = sum(bad_counts)
+    if bad:
+        print(f"decode: skipped {bad} bad file{'s' if bad != 1 else ''} (not decodable as JPEG)", file=sys.stderr)
+    return code
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by the decoding producers (Python and DALI)."""
+    from producers.cli import positive_int
+
+    p.add_argument("--data", required=True, metavar="DIR", help="ImageNet-layout folder: DIR/<class>/<image>.JPEG")
+    p.add_argument("--list", metavar="FILE", help="use only these files: lines of 'relative/path [label]'")
+    p.add_argument("--image-size", type=positive_int, default=224, help="output height and width")
+    p.add_argument("--batch", type=positive_int, default=64, help="images per batch")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffle and the augmentation")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from producers.cli import add_send_args
+
+    p = sub.add_parser("decode", help="decode JPEGs from a folder, random-resized-crop, push batches")
+    add_send_args(p)
+    add_data_args(p)
+    p.add_argument(
+        "--on-bad-file",
+        choices=("skip", "fail"),
+        default="skip",
+        help="a file that is not a decodable JPEG: skip and count it (default), or stop",
+    )
+    p.add_argument("--decoder", choices=sorted(DECODERS), default=DEFAULT_DECODER, help="decoding stack")
+    p.set_defaults(func=_run)
