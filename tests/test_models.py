@@ -9,6 +9,7 @@ import pytest
 from tensorpack import FeedInput, SimpleTrainer, TrainConfig, launch_train_with_config
 from tensorpack.callbacks import Callback
 from tensorpack.dataflow import DataFromList
+from tensorpack.tfutils.tower import TowerContext
 
 from models import LossScaleOptimizer, ResNet50Model, count_params, stride_layout
 from models.model_desc import IMAGENET_MEAN, IMAGENET_STD
@@ -64,7 +65,7 @@ def test_preprocess_normalises_uint8_in_the_graph(data_format):
 
 
 class _RecordCost(Callback):
-    """Fetches the model's cost along with every training step."""
+    """Fetches the model's cost along with every training step, and a batch-norm moving mean at the end."""
 
     def _setup_graph(self):
         self.cost = self.trainer.tower_func.towers[0].get_tensor("cost")
@@ -76,8 +77,12 @@ class _RecordCost(Callback):
     def _after_run(self, _, values):
         self.costs.append(float(values.results))
 
+    def _after_train(self):
+        moving_mean = [v for v in v1.global_variables() if v.op.name == "conv0/bn/mean/EMA"][0]
+        self.final_moving_mean = self.trainer.sess.run(moving_mean)
 
-def _train(model: ResNet50Model, batch: int = 2, steps: int = 2) -> tuple[list[float], tf.Graph]:
+
+def _train(model: ResNet50Model, batch: int = 2, steps: int = 2) -> tuple[_RecordCost, tf.Graph]:
     rng = np.random.default_rng(0)
     size = model.image_size
     datapoints = [
@@ -95,19 +100,23 @@ def _train(model: ResNet50Model, batch: int = 2, steps: int = 2) -> tuple[list[f
             max_epoch=1,
         )
         launch_train_with_config(config, SimpleTrainer())
-    return record.costs, graph
+    return record, graph
 
 
 @pytest.mark.parametrize("use_fp16", [False, True], ids=["fp32", "fp16"])
 def test_training_steps_give_a_finite_unscaled_loss(use_fp16):
     model = ResNet50Model(version="1.5", data_format="NHWC", image_size=32, use_fp16=use_fp16, learning_rate=0.01)
-    costs, graph = _train(model)
+    record, graph = _train(model)
+    costs = record.costs
 
     assert len(costs) == 2
     assert all(math.isfinite(c) for c in costs)
     # Cross-entropy over 1000 classes starts near ln(1000) = 6.9, plus weight decay: an unscaled loss,
     # far below what 128 x loss would be.
     assert 5 < costs[0] < 20
+    # Batch-norm moving averages start at zero and are updated by the training steps.
+    assert np.all(np.isfinite(record.final_moving_mean))
+    assert np.any(record.final_moving_mean != 0)
 
     # The images enter the graph as uint8; the float conversion is part of the graph.
     images = graph.get_tensor_by_name("images:0")
@@ -165,6 +174,16 @@ def test_xla_compiles_forward_and_backward():
     assert "_XlaRun" in ops
     # Every convolution, forward and backward, went into an XLA cluster.
     assert not [op for op in ops if "Conv2D" in op]
+
+
+def test_only_a_training_tower_updates_batch_norm_statistics():
+    model = ResNet50Model(image_size=32)
+    counts = {}
+    for training in (True, False):
+        with tf.Graph().as_default(), TowerContext("", is_training=training):
+            model.build_graph(*[v1.placeholder(s.dtype, s.shape, s.name) for s in model.inputs()])
+            counts[training] = len(v1.get_collection(v1.GraphKeys.UPDATE_OPS))
+    assert counts == {True: 53 * 2, False: 0}  # moving mean and variance of each of the 53 batch norms
 
 
 @pytest.mark.parametrize(
