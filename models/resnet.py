@@ -30,6 +30,7 @@ starts; the scope works on CPU and GPU alike.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -191,8 +192,6 @@ class ResNet50:
 def _maybe_xla(enabled: bool):
     """XLA's jit scope when `enabled`, else a scope that does nothing."""
     if not enabled:
-        import contextlib
-
         return contextlib.nullcontext()
     try:
         from tensorflow.python.compiler.xla import jit
