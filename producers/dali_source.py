@@ -142,15 +142,15 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     source = DaliSource(
-        str(Path(args.data)),
-        args.list,
-        args.batch,
-        args.image_size,
-        args.workers,
-        args.dali_device,
-        args.dali_threads,
-        args.seed,
-        args.device_id,
+        root=str(Path(args.data)),
+        list_file=args.list,
+        batch=args.batch,
+        image_size=args.image_size,
+        workers=args.workers,
+        device=args.dali_device,
+        threads=args.dali_threads,
+        seed=args.seed,
+        device_id=args.device_id,
     )
     return run_producer(source, args, source.describe())
 

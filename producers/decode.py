@@ -296,34 +296,31 @@ class DecodeSource:
         if self.fallback:
             decode = _decode_with_pillow_fallback(decode)
         rng = random.Random(f"{self.seed}/{worker}")  # augmentation: different in every worker
-        bad = 0
-        _carry_in_header(lambda: {"bad_files": bad})
+        # A fixed shard per worker (every workers-th file), reshuffled every epoch: each file has one
+        # owner, so a bad file is counted once and dropped from later epochs.
+        shard = list(range(worker, len(files), self.workers))
+        bad: set[int] = set()
+        _carry_in_header(lambda: {"bad_files": len(bad)})
         size = self.image_size
         images = np.empty((self.batch, size, size, 3), np.uint8)
         batch_labels = np.empty(self.batch, np.int32)
         k = 0
         for epoch in range(sys.maxsize):
-            # Every worker shuffles the same way and takes every workers-th file: disjoint shards.
-            order = list(range(len(files)))
-            random.Random(f"{self.seed}/epoch{epoch}").shuffle(order)
-            good = 0
-            for i in order[worker :: self.workers]:
+            random.Random(f"{self.seed}/{worker}/{epoch}").shuffle(shard)
+            for i in shard:
                 path = root / files[i]
                 try:
                     decode(path.read_bytes(), rng, images[k])
                 except Exception as e:
                     if self.on_bad_file == "fail":
-                        raise BadFileError(
-                            f"cannot decode {path}: {e} (--on-bad-file skip would skip such files)"
-                        ) from None
-                    bad += 1
+                        raise BadFileError(f"cannot decode {path}: {e} (--on-bad-file skip skips such files)") from None
+                    bad.add(i)
                     if self.bad_counts is not None:
-                        self.bad_counts[worker] = bad
-                    if bad <= WARN_FIRST:
-                        more = "; further bad files are only counted" if bad == WARN_FIRST else ""
+                        self.bad_counts[worker] = len(bad)
+                    if len(bad) <= WARN_FIRST:
+                        more = "; further bad files are only counted" if len(bad) == WARN_FIRST else ""
                         print(f"warning: skipping {path}: {e}{more}", file=sys.stderr, flush=True)
                     continue
-                good += 1
                 batch_labels[k] = labels[i]
                 k += 1
                 if k == self.batch:
@@ -332,11 +329,10 @@ class DecodeSource:
                     images = np.empty_like(images)
                     batch_labels = np.empty_like(batch_labels)
                     k = 0
-            if good == 0:
-                raise BadFileError(
-                    f"worker {worker}: none of its {len(order[worker :: self.workers])} files in "
-                    f"{self.root} could be decoded; nothing to send"
-                )
+            if bad:
+                shard = [i for i in shard if i not in bad]
+            if not shard:
+                raise BadFileError(f"worker {worker}: no file of its shard of {self.root} decodes; nothing to send")
 
     def describe(self) -> str:
         return f"decode {self.root} -> {self.batch}x{self.image_size}x{self.image_size}x3 uint8 ({self.decoder})"
@@ -393,15 +389,15 @@ def _run(args: argparse.Namespace) -> int:
 
     bad_counts = mp.get_context("spawn").RawArray("q", args.workers)
     source = DecodeSource(
-        args.data,
-        args.list,
-        args.batch,
-        args.image_size,
-        args.workers,
-        args.seed,
-        args.on_bad_file,
-        args.decoder,
-        bad_counts,
+        root=args.data,
+        list_file=args.list,
+        batch=args.batch,
+        image_size=args.image_size,
+        workers=args.workers,
+        seed=args.seed,
+        on_bad_file=args.on_bad_file,
+        decoder=args.decoder,
+        bad_counts=bad_counts,
     )
     code = run_producer(source, args, source.describe())
     bad = sum(bad_counts)
