@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 
 from trainer.config import BASELINE, PATHS, BenchConfig, apply_defaults
 
@@ -67,6 +68,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the Python paths' streams (CURVE)")
     p.add_argument("--json", dest="json_path", help="write the results to this JSON file")
+    g = p.add_argument_group("profiling and sweeps (docs/profiling.md)")
+    g.add_argument(
+        "--no-telemetry",
+        dest="telemetry",
+        action="store_false",
+        help="no per-stage telemetry or verdict (to see its cost)",
+    )
+    g.add_argument(
+        "--producer-rate", type=float, metavar="IMAGES_PER_SEC", help="cap each producer worker (a slow loader)"
+    )
+    g.add_argument(
+        "--profile", dest="profile_dir", metavar="DIR", help="write a TensorFlow trace of a few measured steps"
+    )
+    g.add_argument(
+        "--sweep", action="store_true",
+        help="--fake-location, --num-gpus, --batch, --use-fp16 and --use-xla-compile take comma lists; run the grid",
+    )  # fmt: skip
+    g.add_argument("--out", metavar="DIR", help="write results.{json,csv,md,png} here (default for --sweep: results/)")
     return p.parse_args(argv)
 
 
@@ -86,8 +105,20 @@ def fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from profiler.sweep import SweepError, split_args
+
+    try:
+        grid, argv = split_args(sys.argv[1:] if argv is None else list(argv))
+    except SweepError as e:
+        return fail(str(e))
     args = parse_args(argv)
     cfg = config_from(args)
+    if args.producer_rate is not None and args.producer_rate <= 0:
+        return fail(f"--producer-rate {args.producer_rate:g} must be more than 0")
+    base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
+    if grid is not None:
+        cfg.paths = grid.get("paths", cfg.paths)
+        cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
     if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
         return fail(f"--warmup-steps {cfg.warmup_steps} must be 0 or more")
     if cfg.variable_update == "horovod":
@@ -125,6 +156,19 @@ def main(argv: list[str] | None = None) -> int:
             f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
         )
 
+    if grid is not None:
+        from profiler.sweep import run_sweep
+
+        out = args.out or "results"
+        try:
+            doc = run_sweep(base, grid, has_gpu, out, devices.describe())
+        except InputError as e:
+            return fail(str(e))
+        print()
+        print(open(os.path.join(out, "results.md")).read())
+        print("\n".join(f"wrote {f}" for f in doc["files"]))
+        return 0
+
     print(
         f"feedbench: ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}, "
         f"{cfg.num_gpus} {'GPU' if has_gpu else 'CPU'} tower(s) x batch {cfg.batch}, {cfg.image_size}x{cfg.image_size}, "
@@ -145,6 +189,28 @@ def main(argv: list[str] | None = None) -> int:
     report.add_ratios(results)
     print()
     print(report.table(results, cfg.num_gpus, cfg.input_only))
+    if cfg.telemetry:
+        from profiler.verdict import add_verdicts, line
+        from profiler.verdict import table as verdict_table
+
+        add_verdicts(results)
+        print()
+        print(verdict_table(results))
+        print()
+        for path, r in results.items():
+            print(line(path, r["verdict"]))
+    if cfg.profile_dir:
+        from profiler.tracing import how_to_open
+
+        print()
+        print(how_to_open(cfg.profile_dir))
+    if args.out:
+        from profiler.sweep import rows_of, write_results
+
+        files = write_results(
+            args.out, {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
+        )
+        print("\n" + "\n".join(f"wrote {f}" for f in files))
     if cfg.json_path:
         report.write_json(
             cfg.json_path,

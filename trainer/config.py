@@ -45,6 +45,10 @@ class BenchConfig:
     curve_keys: str | None = None  # CURVE key folder for the Python paths (wire/curve.py)
     max_msg_size: int | None = None
     json_path: str | None = None
+    telemetry: bool = True  # per-stage telemetry and a verdict (--no-telemetry to compare its overhead)
+    telemetry_every: int = 4  # trace every n-th measured step for input wait (profiler/telemetry.py)
+    producer_rate: float | None = None  # cap each producer worker at this many images/s (a slow loader)
+    profile_dir: str | None = None  # --profile: TensorFlow profiler trace + Chrome timeline per path
     shrunk: dict[str, tuple] = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -68,6 +68,12 @@ class ProducerGroup:
         errors = [ln for ln in lines if ln.startswith("error")]
         return (errors or lines or [""])[-1]
 
+    def log_text(self, i: int) -> str:
+        """Everything producer i has written to stderr so far (its progress lines, if not --quiet)."""
+        # pread leaves the shared file offset alone: the producer keeps appending where it was.
+        fd = self._logs[i].fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
     def stop(self, timeout: float = 10.0) -> None:
         shutdown.unregister(self.stop)
         for p in self.procs:
@@ -106,10 +112,20 @@ def synthetic_command(
     workers: int,
     hwm: int,
     curve_keys: str | None = None,
+    rate: float | None = None,
+    quiet: bool = True,
 ) -> list[str]:
-    """The command line of one synthetic producer that connects to the run's endpoint."""
+    """The command line of one synthetic producer that connects to the run's endpoint.
+
+    `rate` caps each worker's images/s; `quiet=False` keeps the producer's progress
+    line (its own counters), which the profiler reads from the log on zmq-consume.
+    """
     cmd = [
         "-m", "producers", "synthetic", "--endpoint", endpoint, "--batch", str(batch), "--image-size", str(image_size),
         "--format", fmt, "--workers", str(workers), "--hwm", str(hwm), "--producer-id", str(producer_id), "--quiet",
     ]  # fmt: skip
+    if not quiet:
+        cmd.remove("--quiet")
+    if rate:
+        cmd += ["--rate", f"{rate:g}"]
     return cmd + (["--curve-keys", curve_keys] if curve_keys else [])

@@ -16,6 +16,9 @@ from consumers.constant import cpu_synthetic_input, on_device_input
 from consumers.python_feed import PullFlow, python_dataset_input, python_queue_input
 from consumers.zmq_op import zmq_op_input
 from feeders.staging import stage_onto_devices
+from profiler.progress import RunProgress
+from profiler.telemetry import Telemetry
+from profiler.tracing import ProfileSteps
 from trainer import devices, shutdown
 from trainer.config import BenchConfig
 from trainer.input_only import InputOnlyModel
@@ -115,7 +118,7 @@ def make_trainer(cfg: BenchConfig):
     raise ValueError(f"--variable-update {cfg.variable_update!r} is not supported here")
 
 
-def _producers(cfg: BenchConfig, endpoint: str) -> ProducerGroup | None:
+def _producers(cfg: BenchConfig, endpoint: str, path: str = "") -> ProducerGroup | None:
     if cfg.endpoint:
         print(f"  waiting for an external producer to connect to {endpoint}", flush=True)
         return None
@@ -129,6 +132,9 @@ def _producers(cfg: BenchConfig, endpoint: str) -> ProducerGroup | None:
             cfg.producer_workers,
             cfg.hwm,
             cfg.curve_keys,
+            rate=cfg.producer_rate,
+            # zmq-consume has no headers to carry producer telemetry: read the producers' progress lines
+            quiet=not (cfg.telemetry and path == "zmq-consume"),
         )
         for i in range(cfg.producers)
     ]
@@ -157,7 +163,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             elif path in ("python-queue", "python-dataset"):
                 flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys)
                 flow.open()
-                group = _producers(cfg, endpoint)
+                group = _producers(cfg, endpoint, path)
                 if path == "python-queue":
                     source = stage_onto_devices(python_queue_input(flow))
                 else:
@@ -166,7 +172,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 source = stage_onto_devices(
                     zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
                 )
-                group = _producers(cfg, endpoint)
+                group = _producers(cfg, endpoint, path)
             else:
                 raise ValueError(f"unknown input path {path!r}")
 
@@ -186,6 +192,22 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             callbacks = [timer] if cfg.input_only else [RunUpdateOps(), timer]
             if group is not None:
                 callbacks.append(_WatchProducers(group, cfg.on_producer_exit))
+            telemetry = None
+            if cfg.telemetry:
+                telemetry = Telemetry(
+                    source,
+                    cfg.warmup_steps,
+                    cfg.batch * cfg.num_gpus,
+                    cfg.batch,
+                    consumer=(lambda: flow.consumer) if flow is not None else None,
+                    producers=group if path == "zmq-consume" else None,
+                    sample_every=cfg.telemetry_every,
+                )
+            if cfg.profile_dir:
+                callbacks.append(ProfileSteps(os.path.join(cfg.profile_dir, path), cfg.warmup_steps, 3, telemetry))
+            if telemetry is not None:
+                callbacks.append(telemetry)
+            callbacks.append(RunProgress(path, cfg.warmup_steps, cfg.warmup_steps + cfg.steps * cfg.repeats, telemetry))
             callbacks.extend(extra_callbacks)
             needed = cfg.warmup_steps + cfg.steps * cfg.repeats
             try:
@@ -217,6 +239,13 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             if flow is not None and flow.consumer is not None:
                 # Per producer, from sequence numbers: what arrived, what went missing or came twice.
                 result["producers"] = flow.consumer.tracker.table()
+            if telemetry is not None:
+                result["telemetry"] = telemetry.summary(result["bytes_per_image"])
+                result["telemetry"]["trainer"] = {
+                    "images_per_sec": result["images_per_sec"]["median"],
+                    "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],
+                    "step_time_ms": result["step_time_ms"],
+                }
             return result
     finally:
         if group is not None:

@@ -1,0 +1,289 @@
+"""`--sweep`: run every combination of paths, device counts, batch sizes, precision and XLA.
+
+The DLPerf way: one grid, each point measured like a single run (same
+warm-up, steps and repeats), every point's paths compared with the baseline
+measured at the same point. Results go to one folder as results.json,
+results.csv, results.md and results.png; every file is written to a
+temporary name and renamed, so an interrupted sweep leaves no half file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import itertools
+import json
+import os
+import tempfile
+import time
+from dataclasses import replace
+
+from tqdm import tqdm
+
+from profiler.progress import interactive
+from profiler.verdict import add_verdicts
+from trainer.config import BASELINE, PATHS, BenchConfig, apply_defaults
+
+SCHEMA_VERSION = 1
+
+# Flags that take comma-separated lists under --sweep, and their BenchConfig fields.
+SWEEP_FLAGS = {
+    "--fake-location": "paths",
+    "--num-gpus": "num_gpus",
+    "--batch": "batch",
+    "--use-fp16": "use_fp16",
+    "--use-xla-compile": "use_xla_compile",
+}
+
+# The columns of results.csv, and the keys of each row in results.json.
+COLUMNS = [
+    "path",
+    "num_gpus",
+    "batch",
+    "use_fp16",
+    "use_xla_compile",
+    "image_size",
+    "input_only",
+    "images_per_sec",
+    "images_per_sec_min",
+    "images_per_sec_max",
+    "images_per_sec_per_device",
+    "ratio_to_baseline",
+    "scaling_efficiency",
+    "step_time_ms_p50",
+    "step_time_ms_p90",
+    "step_time_ms_p99",
+    "input_wait_share",
+    "verdict",
+    "limiting_stage",
+]
+
+
+class SweepError(ValueError):
+    """A sweep list that cannot be run; the message names the flag and the value."""
+
+
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("true", "1", "yes", "on"):
+        return True
+    if t in ("false", "0", "no", "off"):
+        return False
+    raise SweepError(f"{text!r} is not true or false")
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SweepError(f"{flag} {text}: not a list of integers") from None
+    if not values or min(values) < 1:
+        raise SweepError(f"{flag} {text}: every value must be at least 1")
+    return values
+
+
+def split_args(argv: list[str]) -> tuple[dict[str, list] | None, list[str]]:
+    """With --sweep: the grid from the list-valued flags, and the other flags for the normal parser.
+
+    Without --sweep, returns (None, argv) untouched.
+    """
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--sweep", action="store_true")
+    pre.add_argument("--fake-location")
+    pre.add_argument("--num-gpus")
+    pre.add_argument("--batch")
+    pre.add_argument("--use-fp16", nargs="?", const="true")
+    pre.add_argument("--use-xla-compile", nargs="?", const="true")
+    known, rest = pre.parse_known_args(argv)
+    if not known.sweep:
+        return None, argv
+    grid: dict[str, list] = {}
+    if known.fake_location:
+        paths = [p.strip() for p in known.fake_location.split(",") if p.strip()]
+        bad = [p for p in paths if p not in PATHS]
+        if bad:
+            raise SweepError(f"--fake-location {bad[0]!r}: choose from {', '.join(PATHS)}")
+        grid["paths"] = [BASELINE] + [p for p in dict.fromkeys(paths) if p != BASELINE]
+    if known.num_gpus:
+        grid["num_gpus"] = _ints("--num-gpus", known.num_gpus)
+    if known.batch:
+        grid["batch"] = _ints("--batch", known.batch)
+    for flag, value in (("use_fp16", known.use_fp16), ("use_xla_compile", known.use_xla_compile)):
+        if value is not None:
+            try:
+                grid[flag] = list(dict.fromkeys(_bool(x) for x in value.split(",")))
+            except SweepError as e:
+                raise SweepError(f"--{flag.replace('_', '-')} {value}: {e}") from None
+    return grid, rest + ["--sweep"]
+
+
+def points(base: BenchConfig, grid: dict[str, list]) -> list[BenchConfig]:
+    """One config per grid point (paths run inside each point)."""
+    keys = ["num_gpus", "batch", "use_fp16", "use_xla_compile"]
+    lists = [grid.get(k, [getattr(base, k)]) for k in keys]
+    paths = grid.get("paths", base.paths)
+    return [
+        replace(base, paths=list(paths), shrunk={}, **dict(zip(keys, combo))) for combo in itertools.product(*lists)
+    ]
+
+
+def rows_of(runs: list[dict]) -> list[dict]:
+    """Flat rows, one per (grid point, path), with scaling efficiency against one device."""
+    rows = []
+    for run in runs:
+        c = run["config"]
+        for path, r in run["paths"].items():
+            tel = r.get("telemetry") or {}
+            v = r.get("verdict") or {}
+            rows.append(
+                {
+                    "path": path,
+                    "num_gpus": c["num_gpus"],
+                    "batch": c["batch"],
+                    "use_fp16": c["use_fp16"],
+                    "use_xla_compile": c["use_xla_compile"],
+                    "image_size": c["image_size"],
+                    "input_only": c["input_only"],
+                    "images_per_sec": r["images_per_sec"]["median"],
+                    "images_per_sec_min": r["images_per_sec"]["min"],
+                    "images_per_sec_max": r["images_per_sec"]["max"],
+                    "images_per_sec_per_device": r["images_per_sec_per_device"]["median"],
+                    "ratio_to_baseline": r.get("ratio_to_baseline"),
+                    "scaling_efficiency": None,
+                    "step_time_ms_p50": r["step_time_ms"]["p50"],
+                    "step_time_ms_p90": r["step_time_ms"]["p90"],
+                    "step_time_ms_p99": r["step_time_ms"]["p99"],
+                    "input_wait_share": tel.get("input_wait_share"),
+                    "verdict": v.get("level"),
+                    "limiting_stage": v.get("limiting_stage"),
+                }
+            )
+    one = {
+        (r["path"], r["batch"], r["use_fp16"], r["use_xla_compile"]): r["images_per_sec"]
+        for r in rows
+        if r["num_gpus"] == 1
+    }
+    for r in rows:
+        base = one.get((r["path"], r["batch"], r["use_fp16"], r["use_xla_compile"]))
+        if base:
+            r["scaling_efficiency"] = r["images_per_sec"] / (r["num_gpus"] * base)
+    return rows
+
+
+def atomic_write(path: str, data: bytes | str) -> None:
+    """Write to a temporary file beside `path`, then rename over it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".feedbench-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def to_csv(rows: list[dict]) -> str:
+    """Floats as repr, so a reader gets back exactly the numbers in results.json."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r[k] is None else repr(r[k]) if isinstance(r[k], float) else r[k]) for k in COLUMNS})
+    return buf.getvalue()
+
+
+def _f(x: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "–" if x is None else f"{x * scale:{spec}}{suffix}"
+
+
+def to_markdown(rows: list[dict]) -> str:
+    """The table a person reads first: one line per (grid point, path)."""
+    head = [
+        "input path", "devices", "batch", "fp16", "XLA", "images/s", "min–max", "per device",
+        "vs baseline", "scaling eff.", "input wait", "verdict (limiting stage)",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ratio = "baseline" if r["path"] == BASELINE else _f(r["ratio_to_baseline"], ".2f")
+        cells = [
+            f"`{r['path']}`",
+            str(r["num_gpus"]),
+            str(r["batch"]),
+            "yes" if r["use_fp16"] else "no",
+            "yes" if r["use_xla_compile"] else "no",
+            _f(r["images_per_sec"], ".1f"),
+            f"{r['images_per_sec_min']:.1f}–{r['images_per_sec_max']:.1f}",
+            _f(r["images_per_sec_per_device"], ".1f"),
+            ratio,
+            _f(r["scaling_efficiency"], ".0f", 100, "%"),
+            _f(r["input_wait_share"], ".0f", 100, "%"),
+            f"{r['verdict'] or '–'} ({r['limiting_stage'] or '–'})",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out_dir: str, doc: dict) -> list[str]:
+    """results.json, results.csv, results.md and results.png in `out_dir`, each written atomically."""
+    from profiler.plot import plot_png
+
+    rows = doc["rows"]
+    files = {
+        "results.json": json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2),
+        "results.csv": to_csv(rows),
+        "results.md": to_markdown(rows),
+        "results.png": plot_png(rows, title=doc.get("title", "")),
+    }
+    written = []
+    for name, data in files.items():
+        path = os.path.join(out_dir, name)
+        atomic_write(path, data)
+        written.append(path)
+    return written
+
+
+def run_sweep(base: BenchConfig, grid: dict[str, list], has_gpu: bool, out_dir: str, device: dict) -> dict:
+    """Run every grid point's paths, with one bar over the sweep and one per run; write the results."""
+    from trainer import report
+    from trainer.run import run_path
+
+    configs = points(base, grid)
+    total = sum(len(c.paths) for c in configs)
+    runs = []
+    started = time.time()
+    bar = tqdm(total=total, desc="sweep", unit="run", disable=not interactive(), position=0, dynamic_ncols=True)
+    try:
+        for i, cfg in enumerate(configs, 1):
+            notes = apply_defaults(cfg, has_gpu)
+            if i == 1:
+                for note in notes:
+                    print(f"note: {note}")
+            point = (
+                f"{cfg.num_gpus} device(s), batch {cfg.batch}, fp16 {'on' if cfg.use_fp16 else 'off'}, "
+                f"XLA {'on' if cfg.use_xla_compile else 'off'}"
+            )
+            print(f"[{i}/{len(configs)}] {point}", flush=True)
+            results: dict[str, dict] = {}
+            for path in cfg.paths:
+                bar.set_postfix_str(f"{path}, {point}")
+                results[path] = run_path(cfg, path, has_gpu)
+                print(f"  {path}: {results[path]['images_per_sec']['median']:.1f} images/s", flush=True)
+                bar.update(1)
+            report.add_ratios(results)
+            add_verdicts(results)
+            runs.append({"config": cfg.to_dict(), "paths": results})
+    finally:
+        bar.close()
+    doc = {
+        "grid": {k: v for k, v in grid.items()},
+        "device": device,
+        "started": started,
+        "title": f"{'input only' if base.input_only else 'ResNet-50'}, {configs[0].image_size}px",
+        "rows": rows_of(runs),
+        "runs": runs,
+    }
+    doc["files"] = write_results(out_dir, doc)
+    return doc

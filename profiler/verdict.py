@@ -1,0 +1,162 @@
+"""Name the stage that limits a run, with the evidence, from its telemetry.
+
+Two published rules, applied in order:
+
+1. The TensorFlow profiler's input-pipeline convention: the share of step
+   time spent waiting for input decides the level: 20% or more is HIGHLY
+   input-bound, 5% or more moderately input-bound, less is not input-bound.
+2. tensorpack's rule of thumb for where the limit sits: a queue that is near
+   empty means the input is the bottleneck; a full queue with producers whose
+   send latency is high (they wait for room) means the trainer is.
+
+When the input is the limit, the producers' own figures say which side of
+the wire: producers that rarely wait to send are working flat out (the
+producer limits); producers that mostly wait to send could give more, so
+the consumer (receive, deserialise, copy into the graph) limits.
+"""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from trainer.config import BASELINE
+
+HIGH, MODERATE = 0.20, 0.05
+LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured")
+# Producers blocked in send more than this share of their time have room to give more.
+SEND_WAIT_BUSY = 0.5
+
+_CONSUMER_ADVICE = {
+    "python-queue": "the Python receive loop limits: use zmq-consume (the native op) or more consumer threads",
+    "python-dataset": "the Python generator limits: use zmq-consume (the native op)",
+    "zmq-consume": "the pull op limits: check the wire format (native is one copy fewer) and --hwm",
+}
+
+
+def level_of(share: float | None) -> str:
+    """The TensorFlow profiler's level for an input share of step time."""
+    if share is None:
+        return LEVELS[3]
+    if share >= HIGH:
+        return LEVELS[0]
+    if share >= MODERATE:
+        return LEVELS[1]
+    return LEVELS[2]
+
+
+def _queue_words(q: dict | None) -> str | None:
+    if not q:
+        return None
+    return (
+        f"queue holds {q['mean']:.1f} of {q['capacity']} on average "
+        f"(empty {100 * q['empty_share']:.0f}% of steps, full {100 * q['full_share']:.0f}%)"
+    )
+
+
+def verdict(path: str, result: dict, baseline_ips: float | None = None) -> dict:
+    """The verdict for one path's result (which holds "telemetry"); see docs/profiling.md."""
+    tel = result.get("telemetry") or {}
+    share = tel.get("input_wait_share")
+    level = level_of(share)
+    ips = result["images_per_sec"]["median"]
+    prod = tel.get("producers")
+    q = tel.get("queue")
+    evidence: list[str] = []
+    if share is not None:
+        evidence.append(f"waits {100 * share:.0f}% of each step for input")
+    else:
+        evidence.append("input wait not measured (--no-telemetry)")
+    queue_empty = q is not None and q["empty_share"] >= 0.5
+    queue_full = q is not None and q["full_share"] >= 0.5
+    busy = prod is not None and prod.get("send_wait_share") is not None and prod["send_wait_share"] >= SEND_WAIT_BUSY
+
+    if path == BASELINE:
+        return {
+            "level": level,
+            "limiting_stage": "trainer",
+            "evidence": "; ".join(evidence + ["data already on the device: the baseline"]),
+            "advice": "this is the ceiling the other paths are measured against",
+        }
+
+    if level in LEVELS[:2] or (level == LEVELS[3] and queue_empty):
+        against = f" against {baseline_ips:.0f} img/s with on-device data" if baseline_ips else ""
+        if prod is not None and not busy:
+            stage = "producer"
+            evidence.append(
+                f"producers deliver {prod['images_per_sec']:.0f} img/s{against}, "
+                f"waiting to send only {100 * (prod['send_wait_share'] or 0):.0f}% of their time"
+            )
+            advice = "add producers (--producers) or workers (--producer-workers), or use DALI"
+        elif prod is not None and busy:
+            stage = "consumer"
+            evidence.append(
+                f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
+                f"(send latency {prod['send_latency_ms']:.0f} ms): they could give more"
+            )
+            advice = _CONSUMER_ADVICE.get(path, "speed up the consumer")
+        elif path == "cpu":
+            stage = "input"
+            evidence.append(f"random images made on the CPU every step deliver {ips:.0f} img/s{against}")
+            advice = "generate on the device, or feed from producers"
+        else:
+            stage = "input"
+            evidence.append(f"the input delivers {ips:.0f} img/s{against}")
+            advice = "add producers (--producers) or use zmq-consume"
+        if queue_empty:
+            evidence.append(_queue_words(q) + ": starved")
+        return {"level": level, "limiting_stage": stage, "evidence": "; ".join(evidence), "advice": advice}
+
+    stage = "trainer"
+    if queue_full:
+        evidence.append(_queue_words(q) + ": the input keeps ahead")
+    if busy:
+        evidence.append(
+            f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
+            f"(send latency {prod['send_latency_ms']:.0f} ms): the trainer sets the pace"
+        )
+    if baseline_ips:
+        evidence.append(f"{ips:.0f} img/s against {baseline_ips:.0f} img/s with on-device data")
+    advice = "the input keeps up: a faster model step (fp16, XLA, more devices) is what would help"
+    if level == LEVELS[3]:
+        advice = "run with telemetry on to name the limiting stage"
+        stage = "unknown"
+    return {"level": level, "limiting_stage": stage, "evidence": "; ".join(evidence), "advice": advice}
+
+
+def add_verdicts(results: dict[str, dict]) -> None:
+    """Give every path its verdict, against the baseline of the same invocation."""
+    base = results.get(BASELINE)
+    base_ips = base["images_per_sec"]["median"] if base else None
+    for path, r in results.items():
+        r["verdict"] = verdict(path, r, base_ips)
+
+
+def line(path: str, v: dict) -> str:
+    """One sentence: `path: LEVEL — evidence; advice`."""
+    return f"{path}: {v['level']} — {v['evidence']}; {v['advice']}"
+
+
+def table(results: dict[str, dict]) -> str:
+    """The verdict table printed after the results table."""
+    rows = []
+    for path, r in results.items():
+        v = r.get("verdict")
+        if not v:
+            continue
+        tel = r.get("telemetry") or {}
+        share = tel.get("input_wait_share")
+        rows.append(
+            [
+                path,
+                v["level"],
+                "n/a" if share is None else f"{100 * share:.0f}%",
+                v["limiting_stage"],
+                v["evidence"] + "; " + v["advice"],
+            ]
+        )
+    return tabulate(
+        rows,
+        headers=["input path", "verdict", "input wait", "limiting stage", "evidence; advice"],
+        disable_numparse=True,
+        maxcolwidths=[None, None, None, None, 72],
+    )
