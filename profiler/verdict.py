@@ -114,9 +114,13 @@ def verdict(path: str, result: dict, baseline_ips: float | None = None) -> dict:
             f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
             f"(send latency {prod['send_latency_ms']:.0f} ms): the trainer sets the pace"
         )
+    advice = "the input keeps up: a faster model step (fp16, XLA, more devices) is what would help"
     if baseline_ips:
         evidence.append(f"{ips:.0f} img/s against {baseline_ips:.0f} img/s with on-device data")
-    advice = "the input keeps up: a faster model step (fp16, XLA, more devices) is what would help"
+        if ips < 0.8 * baseline_ips:
+            # Slower than the baseline without waiting: the input's host work competes with the step.
+            evidence.append("steps are slower without waiting for input: the input competes for the host CPU")
+            advice = "move input work off the trainer's cores (zmq-consume, producers on other hosts)"
     if level == LEVELS[3]:
         advice = "run with telemetry on to name the limiting stage"
         stage = "unknown"
