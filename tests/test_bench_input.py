@@ -41,7 +41,8 @@ class GrabVariables(Callback):
         self.values: dict[str, np.ndarray] = {}
 
     def _after_train(self) -> None:
-        variables = tf.compat.v1.global_variables()
+        # tensorpack keeps the other towers' replicas in LOCAL_VARIABLES.
+        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         for v, val in zip(variables, self.trainer.sess.run(variables)):
             self.values[v.op.name] = val
 

@@ -106,6 +106,8 @@ def make_model(cfg: BenchConfig):
         image_size=cfg.image_size,
         use_fp16=cfg.use_fp16,
         use_xla=cfg.use_xla_compile,
+        # The linear scaling rule (0.1 per 256 images): tiny CPU batches would diverge at 0.1.
+        learning_rate=0.1 * cfg.batch * cfg.num_gpus / 256,
     )
 
 
@@ -202,6 +204,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                     consumer=(lambda: flow.consumer) if flow is not None else None,
                     producers=group if path == "zmq-consume" else None,
                     sample_every=cfg.telemetry_every,
+                    total_steps=cfg.warmup_steps + cfg.steps * cfg.repeats,
                 )
             if cfg.profile_dir:
                 callbacks.append(ProfileSteps(os.path.join(cfg.profile_dir, path), cfg.warmup_steps, 3, telemetry))
