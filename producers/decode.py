@@ -160,7 +160,7 @@ def _crop_resize_flip(img: np.ndarray, box: tuple[float, float, float, float], o
 # will be shrunk by 2x or more anyway (libjpeg's DCT scaling).
 
 
-def _reduced_scale(height: int, width: int, crop_h: int, crop_w: int, size: int) -> float:
+def _reduced_scale(crop_h: int, crop_w: int, size: int) -> float:
     """The factor a decode may shrink the image by and still leave the crop at least `size` pixels."""
     return min(crop_h, crop_w) / size
 
@@ -169,7 +169,7 @@ def _decode_simplejpeg(fast: bool) -> Callable[[bytes, random.Random, np.ndarray
     def decode(data: bytes, rng: random.Random, out: np.ndarray) -> None:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)
         top, left, h, w = random_resized_crop_box(height, width, rng)
-        shrink = _reduced_scale(height, width, h, w, out.shape[0])
+        shrink = _reduced_scale(h, w, out.shape[0])
         # min_factor=2: only the 1/2, 1/4, 1/8 scalings, which libjpeg-turbo has SIMD code for;
         # its other factors (7/8, 3/4, ...) decode slower than full size (docs/decoding.md).
         img = simplejpeg.decode_jpeg(
@@ -206,7 +206,7 @@ def _decode_pillow(data: bytes, rng: random.Random, out: np.ndarray) -> None:
     im = _open_jpeg(data)
     width, height = im.size
     top, left, h, w = random_resized_crop_box(height, width, rng)
-    shrink = _reduced_scale(height, width, h, w, out.shape[0])
+    shrink = _reduced_scale(h, w, out.shape[0])
     im.draft("RGB", (math.ceil(width / shrink), math.ceil(height / shrink)))  # libjpeg DCT scaling
     im = im.convert("RGB")
     f = im.size[0] / width
@@ -229,7 +229,7 @@ def _decode_opencv(data: bytes, rng: random.Random, out: np.ndarray) -> None:
     im = _open_jpeg(data)  # OpenCV cannot tell the size without decoding
     width, height = im.size
     top, left, h, w = random_resized_crop_box(height, width, rng)
-    shrink = _reduced_scale(height, width, h, w, out.shape[0])
+    shrink = _reduced_scale(h, w, out.shape[0])
     flag = next((flag for k, flag in _CV2_REDUCED if shrink >= k), cv2.IMREAD_COLOR_RGB)
     img = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
     if img is None:

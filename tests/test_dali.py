@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_decode import COLOURS, write_colour_dataset
+from test_decode import COLOURS, recv_exactly, write_colour_dataset
 
 from consumers.zmq_pull import PullConsumer
 from producers.commands import producer_command
@@ -35,7 +35,7 @@ def test_dali_cpu_delivers_batches_labelled_by_folder(dali, procs, ipc_dir, colo
     endpoint = f"ipc://{ipc_dir}/feed"
     with PullConsumer(endpoint, recv_timeout=90) as c:
         p = start_dali(procs, endpoint, colours, count=6, workers=workers)
-        batches = [c.recv() for _ in range(6)]
+        batches = recv_exactly(c, 6)
     assert p.wait(30) == 0, p.stderr.read()
     seen = set()
     for b in batches:
@@ -56,7 +56,7 @@ def test_dali_gpu_delivers_batches(dali, procs, ipc_dir, colours):
     endpoint = f"ipc://{ipc_dir}/feed"
     with PullConsumer(endpoint, recv_timeout=90) as c:
         p = start_dali(procs, endpoint, colours, device="gpu", count=3)
-        batches = [c.recv().arrays for _ in range(3)]
+        batches = [b.arrays for b in recv_exactly(c, 3)]
     assert p.wait(30) == 0, p.stderr.read()
     for images, labels in batches:
         assert images.shape == (4, 64, 64, 3) and images.dtype == np.uint8

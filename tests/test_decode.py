@@ -53,6 +53,15 @@ def with_bad_files(root: Path, good_from: Path) -> Path:
     return root
 
 
+def recv_exactly(c: PullConsumer, n: int) -> list:
+    """n batches, then check nothing more comes (which also gives the producer time to see us leave)."""
+    batches = [c.recv() for _ in range(n)]
+    c.recv_timeout = 0.5
+    with pytest.raises(ReceiveTimeout):
+        c.recv()
+    return batches
+
+
 def start_decode(procs, endpoint: str, data: Path, *extra: str, batch: int = 4, workers: int = 1, count: int = 8):
     cmd = producer_command("decode", endpoint, batch, 64, str(data), workers, count=count, extra=extra)
     return procs.start(*cmd[1:])
@@ -87,10 +96,7 @@ def test_decode_producer_delivers_full_batches(procs, ipc_dir, photos):
     endpoint = f"ipc://{ipc_dir}/feed"
     with PullConsumer(endpoint, recv_timeout=60) as c:
         p = start_decode(procs, endpoint, photos, workers=2, count=8)
-        batches = [c.recv() for _ in range(8)]
-        c.recv_timeout = 0.5
-        with pytest.raises(ReceiveTimeout):
-            c.recv()
+        batches = recv_exactly(c, 8)
     assert p.wait(30) == 0, p.stderr.read()
     labels = set()
     for b in batches:
@@ -123,7 +129,7 @@ def test_bad_files_are_skipped_and_counted(procs, ipc_dir, tmp_path, colours):
     endpoint = f"ipc://{ipc_dir}/feed"
     with PullConsumer(endpoint, recv_timeout=60) as c:
         p = start_decode(procs, endpoint, data, batch=2, count=6)
-        batches = [c.recv() for _ in range(6)]
+        batches = recv_exactly(c, 6)
     assert p.wait(30) == 0
     err = p.stderr.read()
     for b in batches:
