@@ -82,6 +82,7 @@ setup(
         "scikit-image>=0.22",
         "pillow>=10",
         "simplejpeg>=1.7",
+        "opencv-python-headless>=4.11",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.5"],

@@ -287,6 +287,10 @@ class DecodeSource:
     # One slot per worker: bad files so far, read by the parent for its final report.
     bad_counts: Any = field(default=None, compare=False, repr=False)
 
+    def header_extras(self, worker: int) -> dict[str, Any]:
+        """Counters this source adds to each native header (the sender asks before every send)."""
+        return {"bad_files": int(self.bad_counts[worker])} if self.bad_counts is not None else {}
+
     def __call__(self, worker: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         files, labels, _ = list_images(self.root, self.list_file)
         if len(files) < self.workers:
@@ -300,7 +304,6 @@ class DecodeSource:
         # owner, so a bad file is counted once and dropped from later epochs.
         shard = list(range(worker, len(files), self.workers))
         bad: set[int] = set()
-        _carry_in_header(lambda: {"bad_files": len(bad)})
         size = self.image_size
         images = np.empty((self.batch, size, size, 3), np.uint8)
         batch_labels = np.empty(self.batch, np.int32)
@@ -336,34 +339,6 @@ class DecodeSource:
 
     def describe(self) -> str:
         return f"decode {self.root} -> {self.batch}x{self.image_size}x{self.image_size}x3 uint8 ({self.decoder})"
-
-
-class _MessageWithExtras:
-    """wire.message with extra fields added to every native header this process sends."""
-
-    def __init__(self, message: Any, extras: Callable[[], dict[str, Any]]) -> None:
-        self._message, self._extras = message, extras
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._message, name)
-
-    def send(self, sock, arrays, fmt="native", producer_id=0, seq=0, extras=None, flags=0) -> int:
-        if extras is not None:
-            extras = {**extras, **self._extras()}
-        return self._message.send(sock, arrays, fmt, producer_id, seq, extras, flags)
-
-
-def _carry_in_header(extras: Callable[[], dict[str, Any]]) -> None:
-    """Report a worker's own counters (bad files) in each native header it sends.
-
-    `producers.sender` builds each header's extras from its own telemetry and
-    has no hook for a source's counters, so in a worker process (one sender,
-    one source) its view of wire.message is wrapped to add them.
-    """
-    from producers import sender
-    from wire import message
-
-    sender.message = _MessageWithExtras(message, extras)
 
 
 # --------------------------------------------------------------------------- command line

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from wire import curve, message
 from wire.endpoints import attach
@@ -98,24 +99,25 @@ def _wait_writable(sock: zmq.Socket, should_stop: Callable[[], bool], give_up_af
     return True
 
 
-def _wait_for_consumer_to_leave(sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float) -> None:
-    """After the last batch, stay until the consumer disconnects (or we are stopped).
+def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float) -> None:
+    """After the last batch, stay until every consumer has disconnected (or we are stopped).
 
     libzmq can drop messages still in flight when the sending peer goes away
     while the receiver is at its high-water mark, so a producer that exits
     right after its last send may lose the tail of its stream. Waiting for the
-    consumer to hang up first keeps `--count` exact.
+    consumer to hang up first keeps `--count` exact. `monitor` has seen every
+    connect and disconnect since the socket was made, so a consumer that is
+    already gone is not waited for.
     """
-    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    peers = 0
     deadline = time.monotonic() + give_up_after
-    try:
-        while not should_stop() and time.monotonic() < deadline:
-            if monitor.poll(100):
-                monitor.recv_multipart()
-                return
-    finally:
-        sock.disable_monitor()
-        monitor.close(0)
+    while not should_stop() and time.monotonic() < deadline:
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)["event"]
+            peers += 1 if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED) else -1
+        if peers <= 0:
+            return
+        monitor.poll(100)
 
 
 def run(
@@ -133,12 +135,15 @@ def run(
     # Queue only to live connections, so "sent" means a consumer is there to take it.
     sock.setsockopt(zmq.IMMEDIATE, 1)
     auth = None
+    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     try:
         if cfg.curve_keys:
             auth = curve.secure(sock, cfg.curve_keys, server=cfg.bind)
         attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote)
         on_ready()
         batches = source(worker)
+        # A source may report counters of its own (e.g. bad files skipped) in each header.
+        source_extras = getattr(source, "header_extras", lambda worker: {})
         telemetry = _Telemetry()
         seq = 0
         t_start = time.perf_counter()
@@ -155,7 +160,7 @@ def run(
             t2 = time.perf_counter()
             if not _wait_writable(sock, should_stop, cfg.give_up_after):
                 return DONE if should_stop() else CONSUMER_GONE
-            extras = {**telemetry.summary, "sent": seq} if cfg.fmt == "native" else None
+            extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
             nbytes = message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
             t3 = time.perf_counter()
             telemetry.record(images, t1 - t0, t3 - t2)
@@ -164,10 +169,12 @@ def run(
                 counters.add(images, nbytes, t3 - t2, t1 - t0)
             if should_stop():
                 return DONE
-        _wait_for_consumer_to_leave(sock, should_stop, cfg.give_up_after)
+        _wait_for_consumer_to_leave(monitor, should_stop, cfg.give_up_after)
         return DONE
     finally:
         # Let queued messages reach the consumer, but not forever if it is gone or we were stopped.
+        sock.disable_monitor()
+        monitor.close(0)
         sock.close(linger=0 if should_stop() else int(cfg.give_up_after * 1000))
         if auth is not None:
             auth.stop()
