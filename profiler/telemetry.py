@@ -126,6 +126,7 @@ class Telemetry(Callback):
         consumer=None,
         producers=None,
         sample_every: int = 4,
+        total_steps: int | None = None,
     ) -> None:
         self.source = source
         self.warmup = warmup
@@ -134,6 +135,7 @@ class Telemetry(Callback):
         self.consumer = consumer  # a PullConsumer (python paths), or a callable returning one
         self.producers = producers  # a ProducerGroup whose stderr holds progress lines (zmq-consume)
         self.sample_every = max(1, sample_every)
+        self.total_steps = total_steps  # known: read the consumer's counters at the last step only
         self.step = 0
         self.paused = False  # set by the profiler while its own trace runs (one trace at a time)
         self.queue_sizes: list[int] = []
@@ -201,7 +203,8 @@ class Telemetry(Callback):
             if self._tracing and values.run_metadata is not None:
                 exposed, _span = exposed_input_us(values.run_metadata.step_stats, self.input_ops)
                 self.traced.append((exposed / 1e3, wall * 1e3))
-            self._wire1 = self._wire_snapshot()
+            if self.total_steps is None or self.step == self.total_steps - 1:
+                self._wire1 = self._wire_snapshot()
         self.step += 1
 
     # --- reading -------------------------------------------------------------------------------
