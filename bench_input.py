@@ -51,6 +51,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--input-only", action="store_true", help="no model: each path's input ceiling")
     g = p.add_argument_group("producers (python-queue, python-dataset, zmq-consume)")
     g.add_argument("--producers", type=positive_int, default=2, help="producer processes the run starts")
+    g.add_argument(
+        "--producer", choices=("synthetic", "decode", "dali"), default="synthetic",
+        help="what the producers send: random images, JPEGs decoded in Python, or a DALI pipeline",
+    )  # fmt: skip
+    g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer decode|dali")
     g.add_argument("--producer-workers", type=positive_int, default=1, help="worker processes per producer")
     g.add_argument("--wire-format", choices=("native", "zmq_ops"), default="native")
     g.add_argument("--endpoint", help="use an external producer: bind this endpoint and wait for it")
@@ -128,6 +133,16 @@ def main(argv: list[str] | None = None) -> int:
             return fail(
                 "--variable-update horovod: Horovod is not importable here (it does not build against TensorFlow 2.21); use replicated or parameter_server"
             )
+    if cfg.producer != "synthetic":
+        if not cfg.data:
+            return fail(f"--producer {cfg.producer} needs --data DIR (make one: python -m producers make-dataset DIR)")
+        if not os.path.isdir(cfg.data):
+            return fail(f"--data {cfg.data}: no such folder")
+        if cfg.producer == "dali":
+            import importlib.util
+
+            if importlib.util.find_spec("nvidia.dali") is None:
+                return fail("--producer dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
     if cfg.curve_keys and "zmq-consume" in cfg.paths:
         return fail("--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset")
     if cfg.endpoint:

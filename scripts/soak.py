@@ -23,7 +23,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.producer_group import ProducerGroup, synthetic_command  # noqa: E402
+from trainer.producer_group import ProducerGroup, producer_command  # noqa: E402
 from trainer.run import expected_message_size  # noqa: E402
 from trainer.tf_env import tf as _tf  # noqa: E402
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         images, labels = sock.pull()
         touched = tf.reduce_sum(tf.cast(images, tf.int32)) + tf.reduce_sum(labels)
         cmds = [
-            synthetic_command(endpoint, 1000 * i, args.batch, args.image_size, "native", 1, 4)
+            producer_command("synthetic", endpoint, 1000 * i, args.batch, args.image_size, "native", 1, 4)
             for i in range(args.producers)
         ]
         me = psutil.Process()

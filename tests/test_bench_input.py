@@ -177,3 +177,24 @@ def test_run_started_producers_are_gone_after_the_run(procs, tmp_path):
         if "producers" in " ".join(p.info["cmdline"] or []) and sys.executable in " ".join(p.info["cmdline"] or [])
     ]
     assert not [p for p in mine if p.ppid() == 1]
+
+
+@pytest.mark.parametrize("producer", ["decode", "dali"])
+def test_real_data_producers_feed_the_run(procs, tmp_path, producer):
+    if producer == "dali":
+        pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -e '.[dali]')")
+    data = tmp_path / "data"
+    made = procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4")
+    assert made.wait(120) == 0
+    code, out, err = run_cli(
+        procs, "--fake-location", "zmq-consume", "--input-only", "--producer", producer, "--data", str(data),
+        "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--steps", "2", "--repeats", "1", "--producers", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "zmq-consume" in out.split("input path")[-1]
+
+
+def test_decode_producer_without_data_is_one_clear_error(procs):
+    code, out, err = run_cli(procs, "--producer", "decode", timeout=60)
+    assert code == 2
+    assert "--data" in err.strip().splitlines()[-1]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from producers import commands
 from trainer import shutdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ class ProducerGroup:
             log = tempfile.TemporaryFile(mode="w+")
             self._logs.append(log)
             p = subprocess.Popen(
-                [sys.executable, *cmd],
+                cmd,
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
@@ -103,7 +103,8 @@ class ProducerGroup:
         self.stop()
 
 
-def synthetic_command(
+def producer_command(
+    kind: str,
     endpoint: str,
     producer_id: int,
     batch: int,
@@ -111,21 +112,21 @@ def synthetic_command(
     fmt: str,
     workers: int,
     hwm: int,
+    data: str | None = None,
     curve_keys: str | None = None,
     rate: float | None = None,
     quiet: bool = True,
 ) -> list[str]:
-    """The command line of one synthetic producer that connects to the run's endpoint.
+    """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
     `rate` caps each worker's images/s; `quiet=False` keeps the producer's progress
     line (its own counters), which the profiler reads from the log on zmq-consume.
     """
-    cmd = [
-        "-m", "producers", "synthetic", "--endpoint", endpoint, "--batch", str(batch), "--image-size", str(image_size),
-        "--format", fmt, "--workers", str(workers), "--hwm", str(hwm), "--producer-id", str(producer_id), "--quiet",
-    ]  # fmt: skip
-    if not quiet:
-        cmd.remove("--quiet")
+    extra = ["--hwm", str(hwm), "--producer-id", str(producer_id)]
     if rate:
-        cmd += ["--rate", f"{rate:g}"]
-    return cmd + (["--curve-keys", curve_keys] if curve_keys else [])
+        extra += ["--rate", f"{rate:g}"]
+    if curve_keys:
+        extra += ["--curve-keys", curve_keys]
+    return commands.producer_command(
+        kind, endpoint, batch, image_size, data=data, workers=workers, fmt=fmt, quiet=quiet, extra=extra
+    )

@@ -23,7 +23,7 @@ from trainer import devices, shutdown
 from trainer.config import BenchConfig
 from trainer.input_only import InputOnlyModel
 from trainer.measure import COST_COLLECTION, StepTimer, summarize
-from trainer.producer_group import ProducerDied, ProducerGroup, synthetic_command
+from trainer.producer_group import ProducerDied, ProducerGroup, producer_command
 from trainer.tf_env import tf
 
 tf = tf()
@@ -125,7 +125,8 @@ def _producers(cfg: BenchConfig, endpoint: str, path: str = "") -> ProducerGroup
         print(f"  waiting for an external producer to connect to {endpoint}", flush=True)
         return None
     cmds = [
-        synthetic_command(
+        producer_command(
+            cfg.producer,
             endpoint,
             1000 * i,
             cfg.batch,
@@ -133,7 +134,8 @@ def _producers(cfg: BenchConfig, endpoint: str, path: str = "") -> ProducerGroup
             cfg.wire_format,
             cfg.producer_workers,
             cfg.hwm,
-            cfg.curve_keys,
+            data=cfg.data,
+            curve_keys=cfg.curve_keys,
             rate=cfg.producer_rate,
             # zmq-consume has no headers to carry producer telemetry: read the producers' progress lines
             quiet=not (cfg.telemetry and path == "zmq-consume"),
