@@ -57,6 +57,21 @@ bool ByteCount(const std::vector<int64_t>& shape, size_t itemsize, uint64_t* out
   return true;
 }
 
+// An empty tensor may still name dimensions no array can have, e.g.
+// [0, 2^62, 2^62]; TensorFlow and numpy refuse such shapes later, so the
+// decoder does now. True when the non-zero dimensions fit in 2^63 bytes.
+bool EmptyShapeFits(const std::vector<int64_t>& shape, size_t itemsize) {
+  uint64_t n = itemsize;
+  for (int64_t d : shape) {
+    if (d != 0 && __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  }
+  return n <= static_cast<uint64_t>(INT64_MAX);
+}
+
+std::string TooLarge(const std::vector<int64_t>& shape) {
+  return "dimensions " + ShapeString(shape) + " describe more than 2^63 bytes";
+}
+
 std::string SizeMismatch(const std::vector<int64_t>& shape, int dtype, bool ok, uint64_t expected) {
   std::ostringstream s;
   s << "shape " << ShapeString(shape) << " x " << ItemSize(dtype) << "-byte " << DtypeName(dtype);
@@ -179,6 +194,9 @@ bool DecodeZmqOps(const Frame& frame, std::vector<TensorView>* out, WireError* e
       return Fail(err, TensorField(i, "data"),
                   "needs " + std::to_string(expected) + " bytes, only " + std::to_string(size - off) + " left");
     }
+    if (expected == 0 && !EmptyShapeFits(t.shape, ItemSize(t.dtype))) {
+      return Fail(err, TensorField(i, "shape"), TooLarge(t.shape));
+    }
     t.data = buf + off;
     t.nbytes = expected;
     off += expected;
@@ -273,6 +291,9 @@ bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeH
     if (!fits || f.size != expected) {
       return Fail(err, TensorField(i, "nbytes"),
                   "frame has " + std::to_string(f.size) + " bytes, " + SizeMismatch(t.shape, t.dtype, fits, expected));
+    }
+    if (expected == 0 && !EmptyShapeFits(t.shape, ItemSize(t.dtype))) {
+      return Fail(err, TensorField(i, "shape"), TooLarge(t.shape));
     }
     t.data = f.data;
     t.nbytes = f.size;
