@@ -207,6 +207,7 @@ def _pyzmq_pull(ep: str, cfg: Config) -> tuple[zmq.Context, zmq.Socket]:
     ctx = zmq.Context()
     s = ctx.socket(zmq.PULL)
     s.setsockopt(zmq.RCVHWM, cfg.hwm)
+    s.setsockopt(zmq.RCVBUF, 4 << 20)  # what the op's socket uses, for a fair comparison
     s.setsockopt(zmq.RCVTIMEO, 60_000)
     s.setsockopt(zmq.LINGER, 0)
     s.bind(ep)
