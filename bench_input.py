@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import replace
 
-from trainer.config import BASELINE, PATHS, BenchConfig, apply_defaults
+from trainer.config import ALL_PATHS, BASELINE, PATHS, BenchConfig, apply_defaults
 
 
 def positive_int(text: str) -> int:
@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--fake-location", choices=PATHS, help="run this input path and the gpu baseline (default: all paths)"
+        "--fake-location", choices=ALL_PATHS, help="run this input path and the gpu baseline (default: all paths)"
     )
     p.add_argument("--num-gpus", type=positive_int, help="towers (devices); CPU devices when there is no GPU")
     p.add_argument("--batch", type=positive_int, help="batch size per device")
@@ -143,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
 
             if importlib.util.find_spec("nvidia.dali") is None:
                 return fail("--producer dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
+    if "dali" in cfg.paths:
+        from consumers.dali_tf import INSTALL_HINT, plugin_available
+
+        if not cfg.data or not os.path.isdir(cfg.data):
+            return fail("--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)")
+        if not plugin_available():
+            return fail(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
     if cfg.curve_keys and "zmq-consume" in cfg.paths:
         return fail("--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset")
     if cfg.endpoint:

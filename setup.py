@@ -86,7 +86,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.5"],
-        "dali": ["nvidia-dali-cuda120>=2.0"],
+        # The TF plugin compiles against the installed TensorFlow: install with --no-build-isolation.
+        "dali": ["nvidia-dali-cuda120>=2.0", "nvidia-dali-tf-plugin-cuda120>=2.0"],
     },
     entry_points={"console_scripts": ["feedbench=bench_input:main"]},
 )

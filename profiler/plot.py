@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from trainer.config import BASELINE, PATHS  # noqa: E402
+from trainer.config import ALL_PATHS, BASELINE  # noqa: E402
 
 WIDTH_IN, ROW_IN, DPI = 13.0, 4.5, 100
 
@@ -31,7 +31,7 @@ def _variants(rows: list[dict]) -> list[tuple]:
 
 
 def _order(paths: set[str]) -> list[str]:
-    known = [p for p in PATHS if p in paths]
+    known = [p for p in ALL_PATHS if p in paths]
     return known + sorted(paths - set(known))
 
 
@@ -42,7 +42,7 @@ def plot_png(rows: list[dict], title: str = "") -> bytes:
         len(variants), 2, figsize=(WIDTH_IN, ROW_IN * len(variants)), dpi=DPI, squeeze=False,
         gridspec_kw={"width_ratios": [2.2, 1]},
     )  # fmt: skip
-    colors = {p: plt.get_cmap("tab10")(i) for i, p in enumerate(PATHS)}
+    colors = {p: plt.get_cmap("tab10")(i) for i, p in enumerate(ALL_PATHS)}
     for row_axes, (batch, fp16, xla) in zip(axes, variants):
         ax, ax2 = row_axes
         sub = [r for r in rows if (r["batch"], r["use_fp16"], r["use_xla_compile"]) == (batch, fp16, xla)]

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from profiler.progress import interactive
 from profiler.verdict import add_verdicts
-from trainer.config import BASELINE, PATHS, BenchConfig, apply_defaults
+from trainer.config import ALL_PATHS, BASELINE, BenchConfig, apply_defaults
 
 SCHEMA_VERSION = 1
 
@@ -101,9 +101,9 @@ def split_args(argv: list[str]) -> tuple[dict[str, list] | None, list[str]]:
     grid: dict[str, list] = {}
     if known.fake_location:
         paths = [p.strip() for p in known.fake_location.split(",") if p.strip()]
-        bad = [p for p in paths if p not in PATHS]
+        bad = [p for p in paths if p not in ALL_PATHS]
         if bad:
-            raise SweepError(f"--fake-location {bad[0]!r}: choose from {', '.join(PATHS)}")
+            raise SweepError(f"--fake-location {bad[0]!r}: choose from {', '.join(ALL_PATHS)}")
         grid["paths"] = [BASELINE] + [p for p in dict.fromkeys(paths) if p != BASELINE]
     if known.num_gpus:
         grid["num_gpus"] = _ints("--num-gpus", known.num_gpus)

@@ -79,6 +79,18 @@ def test_invalid_vector_is_rejected_naming_the_field(v):
     assert v["field"] in str(e.value)
 
 
+def test_empty_tensor_with_impossible_dimensions_is_rejected():
+    big = 2**31 - 1  # three of these multiply past what any array index can hold
+    huge = struct.pack("<i", 1) + struct.pack("<iiiiii", 4, 4, 0, big, big, big) + struct.pack("<q", 0)
+    with pytest.raises(WireError, match="tensor\\[0\\].shape"):
+        load_arrays(huge)
+    frames = native.encode([np.zeros((0, 1, 1), np.uint8)], 0, 0)
+    header = bytearray(frames[0])
+    struct.pack_into("<qq", header, 48, 2**62, 2**62)  # the descriptor's 2nd and 3rd dimensions
+    with pytest.raises(WireError, match="tensor\\[0\\].shape"):
+        decode_message([bytes(header), b""])
+
+
 def test_unsupported_dtype_is_refused_when_sending():
     with pytest.raises(WireError, match="tensor\\[0\\].dtype"):
         dump_arrays([np.zeros(2, np.complex64)])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-PATHS = ("gpu", "cpu", "python-queue", "python-dataset", "zmq-consume")
+PATHS = ("gpu", "cpu", "python-queue", "python-dataset", "zmq-consume")  # the default comparison
+# Paths run only when asked for: `dali` needs a JPEG folder (--data) and DALI's TensorFlow plugin.
+ALL_PATHS = (*PATHS, "dali")
 PRODUCER_PATHS = ("python-queue", "python-dataset", "zmq-consume")
 BASELINE = "gpu"
 

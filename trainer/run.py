@@ -177,6 +177,11 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                     zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
                 )
                 group = _producers(cfg, endpoint, path)
+            elif path == "dali":
+                from consumers.dali_tf import dali_dataset_input
+
+                threads = max(1, cfg.producer_workers)
+                source = stage_onto_devices(dali_dataset_input(cfg.data, cfg.batch, cfg.image_size, threads, has_gpu))
             else:
                 raise ValueError(f"unknown input path {path!r}")
 

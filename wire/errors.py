@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class WireError(ValueError):
     """A message that cannot be decoded; `field` names the part that is wrong.
@@ -23,3 +25,11 @@ def byte_view(buf: object) -> memoryview:
     if mv.ndim == 1 and mv.format == "B":
         return mv
     return mv.cast("B")
+
+
+def shaped(flat: np.ndarray, shape: tuple[int, ...], index: int) -> np.ndarray:
+    """`flat` reshaped, or a WireError: an empty tensor can claim dimensions no array can have."""
+    try:
+        return flat.reshape(shape)
+    except ValueError:
+        raise WireError(f"tensor[{index}].shape", f"{list(shape)} is not a possible array shape") from None

@@ -32,7 +32,7 @@ import msgpack
 import numpy as np
 
 from wire.dtypes import MAX_NDIM, code_of, dtype_of
-from wire.errors import WireError, byte_view
+from wire.errors import WireError, byte_view, shaped
 
 MAGIC = b"FBWN"
 VERSION = 1
@@ -154,5 +154,5 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[Header, list[np.ndarra
                 f"tensor[{i}].nbytes",
                 f"frame has {len(mv)} bytes, shape {list(shape)} x {dtype.itemsize}-byte {dtype} needs {expected}",
             )
-        arrays.append(np.frombuffer(mv, dtype=dtype, count=count).reshape(shape))
+        arrays.append(shaped(np.frombuffer(mv, dtype=dtype, count=count), shape, i))
     return header, arrays

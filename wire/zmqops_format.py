@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from wire.dtypes import MAX_NDIM, code_of, dtype_of
-from wire.errors import WireError, byte_view
+from wire.errors import WireError, byte_view, shaped
 
 MAX_TENSORS = 1024
 
@@ -92,8 +92,7 @@ def load_arrays(buf: bytes | memoryview, max_tensors: int = MAX_TENSORS) -> list
             )
         if off + nbytes > size:
             raise WireError(f"tensor[{i}].data", f"needs {nbytes} bytes, only {size - off} left")
-        arr = np.frombuffer(mv, dtype=dtype, count=count, offset=off)
-        out.append(arr.reshape(shape))
+        out.append(shaped(np.frombuffer(mv, dtype=dtype, count=count, offset=off), shape, i))
         off += nbytes
     if off != size:
         raise WireError("message", f"{size - off} trailing bytes after {n} tensors")
