@@ -198,3 +198,11 @@ def test_decode_producer_without_data_is_one_clear_error(procs):
     code, out, err = run_cli(procs, "--producer", "decode", timeout=60)
     assert code == 2
     assert "--data" in err.strip().splitlines()[-1]
+
+
+def test_in_process_dali_path_trains(tmp_path, procs):
+    pytest.importorskip("nvidia.dali.plugin.tf", reason="DALI's TensorFlow plugin is not installed (pip install -e '.[dali]')")
+    data = tmp_path / "data"
+    assert procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4").wait(120) == 0
+    r = run_path(small(num_gpus=2, data=str(data)), "dali", has_gpu=False)
+    assert r["loss_finite"] and r["steps_run"] >= 3
