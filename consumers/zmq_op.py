@@ -41,4 +41,6 @@ def zmq_op_input(
         labels.set_shape((batch,))
         return [images, labels]
 
-    return TensorInput(fn)
+    source = TensorInput(fn)
+    source.zmq_socket = sock  # the run reads the connection's counters through it
+    return source

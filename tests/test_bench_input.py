@@ -201,8 +201,25 @@ def test_decode_producer_without_data_is_one_clear_error(procs):
 
 
 def test_in_process_dali_path_trains(tmp_path, procs):
-    pytest.importorskip("nvidia.dali.plugin.tf", reason="DALI's TensorFlow plugin is not installed (pip install -e '.[dali]')")
+    pytest.importorskip(
+        "nvidia.dali.plugin.tf", reason="DALI's TensorFlow plugin is not installed (pip install -e '.[dali]')"
+    )
     data = tmp_path / "data"
-    assert procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4").wait(120) == 0
+    assert (
+        procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4").wait(120) == 0
+    )
     r = run_path(small(num_gpus=2, data=str(data)), "dali", has_gpu=False)
     assert r["loss_finite"] and r["steps_run"] >= 3
+
+
+def test_zmq_consume_pulls_exactly_the_batches_the_steps_need():
+    """Sequence numbers through the op: (warm-up + steps x repeats + 1 staged) x towers, none lost or repeated."""
+    cfg = small(num_gpus=2, input_only=True, warmup_steps=2, steps=5, repeats=3, producers=2)
+    r = run_path(cfg, "zmq-consume", has_gpu=False)
+    needed = r["steps_run"]
+    assert needed == 2 + 5 * 3
+    assert r["batches_pulled"] == (needed + 1) * 2  # one batch per device waits in its StagingArea
+    rows = r["producers"]
+    assert len(rows) == 2 and all(row["received"] > 0 for row in rows)
+    assert sum(row["received"] for row in rows) == r["batches_pulled"]
+    assert all(row["lost"] == 0 and row["duplicated"] == 0 and row["restarts"] == 0 for row in rows)

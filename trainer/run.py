@@ -79,6 +79,24 @@ class _WatchProducers(Callback):
             self.group.check()
 
 
+class _ConnectionStats(Callback):
+    """Reads the zmq op's counters (per producer, from sequence numbers) when training ends."""
+
+    def __init__(self, sock) -> None:
+        self.sock = sock
+        self.producers: list[dict] = []
+        self.messages = 0
+
+    def _setup_graph(self) -> None:
+        self._stats = self.sock.stats()
+
+    def _after_train(self) -> None:
+        rows, totals = self.trainer.sess.run(self._stats)
+        keys = ("producer", "received", "lost", "duplicated", "restarts")
+        self.producers = [dict(zip(keys, map(int, row), strict=True)) for row in rows]
+        self.messages = int(totals[0])
+
+
 def expected_message_size(batch: int, image_size: int) -> int:
     """The receive cap: the largest frame a producer should send, with a margin.
 
@@ -155,6 +173,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
     tmp = tempfile.TemporaryDirectory(prefix="feedbench-")
     shutdown.register(tmp.cleanup)
     endpoint = cfg.endpoint or f"ipc://{tmp.name}/{path}"
+    connection_stats: _ConnectionStats | None = None
     group: ProducerGroup | None = None
     flow: PullFlow | None = None
     graph = tf.Graph()
@@ -173,9 +192,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 else:
                     source = stage_onto_devices(python_dataset_input(flow, cfg.batch, cfg.image_size))
             elif path == "zmq-consume":
-                source = stage_onto_devices(
-                    zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
-                )
+                pulled = zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
+                connection_stats = _ConnectionStats(pulled.zmq_socket)
+                source = stage_onto_devices(pulled)
                 group = _producers(cfg, endpoint, path)
             elif path == "dali":
                 from consumers.dali_tf import dali_dataset_input
@@ -218,6 +237,8 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             if telemetry is not None:
                 callbacks.append(telemetry)
             callbacks.append(RunProgress(path, cfg.warmup_steps, cfg.warmup_steps + cfg.steps * cfg.repeats, telemetry))
+            if connection_stats is not None:
+                callbacks.append(connection_stats)
             callbacks.extend(extra_callbacks)
             needed = cfg.warmup_steps + cfg.steps * cfg.repeats
             try:
@@ -249,6 +270,10 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             if flow is not None and flow.consumer is not None:
                 # Per producer, from sequence numbers: what arrived, what went missing or came twice.
                 result["producers"] = flow.consumer.tracker.table()
+            if connection_stats is not None:
+                # Every batch the op accepted: the steps' batches plus one staged per device, ahead.
+                result["producers"] = connection_stats.producers
+                result["batches_pulled"] = connection_stats.messages
             if telemetry is not None:
                 result["telemetry"] = telemetry.summary(result["bytes_per_image"])
                 result["telemetry"]["trainer"] = {

@@ -40,6 +40,7 @@ def _load_library():
 _ops = _load_library()
 zmq_connection = _ops.zmq_connection
 zmq_pull = _ops.zmq_pull
+zmq_connection_stats = _ops.zmq_connection_stats
 
 
 class ZMQPullSocket:
@@ -95,6 +96,11 @@ class ZMQPullSocket:
     def pull(self) -> list[tf.Tensor]:
         """One message's tensors, with the dtypes given at construction."""
         return zmq_pull(self._handle, self._types)
+
+    def stats(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """The connection's counters: int64 rows of (producer_id, received, lost, duplicated,
+        restarts) from native headers' sequence numbers, and (messages, bytes) accepted."""
+        return zmq_connection_stats(self._handle)
 
 
 def dataset(

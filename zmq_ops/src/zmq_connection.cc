@@ -101,6 +101,42 @@ ZmqConnection::~ZmqConnection() {
   if (context_ != nullptr) zmq_ctx_term(context_);
 }
 
+void ZmqConnection::CountMessage(size_t bytes) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  messages_ += 1;
+  bytes_ += static_cast<int64_t>(bytes);
+}
+
+void ZmqConnection::Account(uint32_t producer_id, uint64_t seq, size_t bytes) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  messages_ += 1;
+  bytes_ += static_cast<int64_t>(bytes);
+  ProducerCount& c = producers_[producer_id];
+  c.received += 1;
+  if (seq == c.next_seq) {
+    // in order
+  } else if (seq > c.next_seq) {
+    c.lost += static_cast<int64_t>(seq - c.next_seq);
+  } else if (seq == 0) {
+    c.restarts += 1;
+  } else {
+    c.duplicated += 1;
+    return;
+  }
+  c.next_seq = seq + 1;
+}
+
+std::map<uint32_t, ZmqConnection::ProducerCount> ZmqConnection::ProducerCounts() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return producers_;
+}
+
+void ZmqConnection::Totals(int64_t* messages, int64_t* bytes) const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  *messages = messages_;
+  *bytes = bytes_;
+}
+
 std::string ZmqConnection::DebugString() const {
   return "ZMQConnection(" + options_.end_point + (options_.bind ? ", bind" : ", connect") + ")";
 }

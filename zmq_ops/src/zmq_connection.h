@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -70,6 +71,20 @@ class ZmqConnection : public tensorflow::ResourceBase {
   std::string DebugString() const override;
   const ConnectionOptions& options() const { return options_; }
 
+  // Per-producer accounting from native headers' (producer_id, seq), the same
+  // rules as consumers/accounting.py: a jump is loss, a repeat a duplicate, a
+  // fresh 0 a restarted producer. Called once per accepted message.
+  struct ProducerCount {
+    int64_t received = 0, lost = 0, duplicated = 0, restarts = 0;
+    uint64_t next_seq = 0;
+  };
+  void Account(uint32_t producer_id, uint64_t seq, size_t bytes);
+  // Rows of (producer_id, received, lost, duplicated, restarts), and totals
+  // (messages, bytes) over every accepted message of either format.
+  std::map<uint32_t, ProducerCount> ProducerCounts() const;
+  void Totals(int64_t* messages, int64_t* bytes) const;
+  void CountMessage(size_t bytes);
+
   // Runs `fn` on the connection's receive threads.
   void Schedule(std::function<void()> fn) { pool_->Schedule(std::move(fn)); }
 
@@ -91,6 +106,10 @@ class ZmqConnection : public tensorflow::ResourceBase {
   std::timed_mutex socket_mu_;  // held only while a message is taken off the socket
   std::atomic<bool> closing_{false};
   std::unique_ptr<tensorflow::thread::ThreadPool> pool_;
+  mutable std::mutex stats_mu_;  // guards the counters below
+  std::map<uint32_t, ProducerCount> producers_;
+  int64_t messages_ = 0;
+  int64_t bytes_ = 0;
 };
 
 }  // namespace feedbench

@@ -32,6 +32,7 @@ using tensorflow::AsyncOpKernel;
 using tensorflow::DataType;
 using tensorflow::DataTypeString;
 using tensorflow::DataTypeVector;
+using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
@@ -135,13 +136,47 @@ class ZmqPullOp : public AsyncOpKernel {
         std::memcpy(dst, t.data, t.nbytes);  // the one copy: ZMQ's buffer -> tensor
       }
     }
+    if (native) {
+      conn->Account(header.producer_id, header.seq, msg.total_bytes());
+    } else {
+      conn->CountMessage(msg.total_bytes());
+    }
     return absl::OkStatus();
   }
 
   DataTypeVector types_;
 };
 
+// Reads the connection's counters: what arrived from whom, what went missing.
+class ZmqConnectionStatsOp : public OpKernel {
+ public:
+  explicit ZmqConnectionStatsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    ZmqConnection* conn = nullptr;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &conn));
+    tensorflow::core::ScopedUnref unref(conn);
+    const auto counts = conn->ProducerCounts();
+    Tensor* producers = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(counts.size()), 5}), &producers));
+    auto rows = producers->matrix<int64_t>();
+    int64_t r = 0;
+    for (const auto& [id, c] : counts) {
+      rows(r, 0) = id;
+      rows(r, 1) = c.received;
+      rows(r, 2) = c.lost;
+      rows(r, 3) = c.duplicated;
+      rows(r, 4) = c.restarts;
+      ++r;
+    }
+    Tensor* totals = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({2}), &totals));
+    conn->Totals(&totals->vec<int64_t>()(0), &totals->vec<int64_t>()(1));
+  }
+};
+
 REGISTER_KERNEL_BUILDER(Name("ZMQConnection").Device(tensorflow::DEVICE_CPU), ZmqConnectionOp);
+REGISTER_KERNEL_BUILDER(Name("ZMQConnectionStats").Device(tensorflow::DEVICE_CPU), ZmqConnectionStatsOp);
 REGISTER_KERNEL_BUILDER(Name("ZMQPull").Device(tensorflow::DEVICE_CPU), ZmqPullOp);
 
 }  // namespace
@@ -168,6 +203,24 @@ timeout_ms: a pull that gets no message in this time fails with
   DeadlineExceeded; -1 waits forever.
 max_msg_size: ZMQ_MAXMSGSIZE, the largest frame a peer may send before it is
   disconnected; -1 is unlimited.
+)doc");
+
+REGISTER_OP("ZMQConnectionStats")
+    .Input("handle: resource")
+    .Output("producers: int64")
+    .Output("totals: int64")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->UnknownDim(), 5));
+      c->set_output(1, c->Vector(2));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Counters of a ZMQConnection: what its pulls accepted, and from whom.
+
+producers: one row per producer id seen in native headers:
+  (producer_id, received, lost, duplicated, restarts), from sequence numbers.
+totals: (messages, bytes) over every accepted message of either format.
 )doc");
 
 REGISTER_OP("ZMQPull")
