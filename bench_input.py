@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         from consumers.dali_tf import INSTALL_HINT, plugin_available
 
         if not cfg.data or not os.path.isdir(cfg.data):
-            return fail("--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)")
+            return fail(
+                "--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
+            )
         if not plugin_available():
             return fail(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
     if cfg.curve_keys and "zmq-consume" in cfg.paths:

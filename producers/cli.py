@@ -35,7 +35,9 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
         "--give-up-after", type=float, default=60.0, help="stop when no consumer takes a batch for this many seconds"
     )
     g.add_argument("--allow-remote", action="store_true", help="allow binding a non-loopback address (unauthenticated)")
-    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate with the CURVE keys in DIR (see make-keys)")
+    g.add_argument(
+        "--curve-keys", metavar="DIR", help="encrypt and authenticate with the CURVE keys in DIR (see make-keys)"
+    )
     g.add_argument("--quiet", action="store_true", help="no progress line")
 
 

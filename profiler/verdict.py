@@ -141,7 +141,7 @@ def line(path: str, v: dict) -> str:
 
 
 def table(results: dict[str, dict]) -> str:
-    """The verdict table printed after the results table."""
+    """The verdict table printed after the results table; the evidence follows, one line per path."""
     rows = []
     for path, r in results.items():
         v = r.get("verdict")
@@ -155,12 +155,10 @@ def table(results: dict[str, dict]) -> str:
                 v["level"],
                 "n/a" if share is None else f"{100 * share:.0f}%",
                 v["limiting_stage"],
-                v["evidence"] + "; " + v["advice"],
             ]
         )
     return tabulate(
         rows,
-        headers=["input path", "verdict", "input wait", "limiting stage", "evidence; advice"],
+        headers=["input path", "verdict", "input wait", "limiting stage"],
         disable_numparse=True,
-        maxcolwidths=[None, None, None, None, 72],
     )

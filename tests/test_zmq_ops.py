@@ -389,6 +389,36 @@ def test_several_pulls_in_flight_each_get_a_distinct_batch(
 
 
 @pytest.mark.timeout(120)
+def test_counters_follow_arrival_order_with_pulls_in_flight(ipc: str, push: zmq.Context, graphs: list[Graph]) -> None:
+    """Five pulls per step race for messages; the per-producer counters still see them in arrival order."""
+    towers = 5
+    g = Graph(ipc, [tf.int32])
+    graphs.append(g)
+    with g.graph.as_default():
+        pulls = [g.sock.pull() for _ in range(towers)]
+        stats = g.sock.stats()
+    plan = [(7, seq) for seq in range(50)] + [(7, seq) for seq in range(53, 60)]  # 3 lost
+    plan += [(9, seq) for seq in range(20)] + [(9, 19)] + [(9, seq) for seq in range(5)]  # 1 repeat, 1 restart
+    s = connect_push(push, ipc)
+    for producer, seq in plan:  # one connection, so arrival order is this order
+        message.send(s, [np.array([seq], np.int32)], fmt="native", producer_id=producer, seq=seq)
+    for seq in range(2):
+        message.send(s, [np.array([seq], np.int32)], fmt="zmq_ops")
+    sent = len(plan) + 2
+    assert sent % towers == 0
+    for _ in range(sent // towers):
+        g.run(pulls)
+    rows, totals = g.run(stats)
+    keys = ("producer", "received", "lost", "duplicated", "restarts")
+    got = {int(r[0]): dict(zip(keys, map(int, r), strict=True)) for r in rows}
+    assert got == {
+        7: {"producer": 7, "received": 57, "lost": 3, "duplicated": 0, "restarts": 0},
+        9: {"producer": 9, "received": 26, "lost": 0, "duplicated": 1, "restarts": 1},
+    }
+    assert int(totals[0]) == sent
+
+
+@pytest.mark.timeout(120)
 def test_blocked_pulls_do_not_starve_other_ops(ipc: str, push: zmq.Context, graphs: list[Graph]) -> None:
     """More blocked pulls than TF has inter-op threads, yet an unrelated op in the same step still runs."""
     g = Graph(ipc, [tf.int32])

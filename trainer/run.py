@@ -33,6 +33,7 @@ class _QuietOnCPU(logging.Filter):
     """Drop tensorpack's warnings about GPUs on machines that have none (towers on CPU are intended)."""
 
     NOISE = (
+        "non-trainable",  # batch-norm statistics live on the first tower only, as in tensorpack's BatchNorm
         "not built with CUDA",
         "GPU",
         "gpu_device",

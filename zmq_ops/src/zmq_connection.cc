@@ -49,6 +49,11 @@ std::vector<wire::Frame> Message::Frames() const {
   return frames;
 }
 
+void Message::Decode() {
+  const std::vector<wire::Frame> frames = Frames();
+  ok_ = wire::DecodeMessage(frames, total_frames_, &native_, &header_, &tensors_, &error_);
+}
+
 ZmqConnection::ZmqConnection(const ConnectionOptions& options) : options_(options) {}
 
 absl::Status ZmqConnection::Create(const ConnectionOptions& options, ZmqConnection** out) {
@@ -176,7 +181,18 @@ absl::Status ZmqConnection::Receive(Message* msg, tensorflow::CancellationManage
     }
     if (ready == 0 || !(item.revents & ZMQ_POLLIN)) continue;
     absl::Status s = TakeMessage(msg);
-    if (s.ok() || !absl::IsUnavailable(s)) return s;
+    if (s.ok()) {
+      // Still under the lock, so two pulls cannot count their messages in
+      // the opposite order from the one they arrived in.
+      msg->Decode();
+      if (msg->ok() && msg->native()) {
+        Account(msg->header().producer_id, msg->header().seq, msg->total_bytes());
+      } else if (msg->ok()) {
+        CountMessage(msg->total_bytes());
+      }
+      return s;
+    }
+    if (!absl::IsUnavailable(s)) return s;
     // Unavailable: the socket was readable but the message vanished
     // (cannot happen with PULL, but costs nothing to handle): wait again.
   }

@@ -3,9 +3,10 @@
 // The connection owns a small thread pool on which ZMQPull runs its blocking
 // receive, so a pull that waits for a producer does not hold one of
 // TensorFlow's inter-op threads. The socket is guarded by a mutex that is held
-// only while one whole message is taken off the socket; decoding and copying
-// into the output tensors happen after the lock is released, so several pulls
-// in flight (one per tower) overlap their copies.
+// only while one whole message is taken off the socket and its headers are
+// read (views only, no copies), so the per-producer counters see messages in
+// the order they arrived; copying into the output tensors happens after the
+// lock is released, so several pulls in flight (one per tower) overlap it.
 
 #ifndef FEEDBENCH_ZMQ_OPS_ZMQ_CONNECTION_H_
 #define FEEDBENCH_ZMQ_OPS_ZMQ_CONNECTION_H_
@@ -54,12 +55,27 @@ class Message {
   size_t total_frames() const { return total_frames_; }
   size_t total_bytes() const { return total_bytes_; }
 
+  // What Receive decoded: the tensors (views into the frames) when `ok`,
+  // otherwise `error` names the bad field. `header` is set for native only.
+  bool ok() const { return ok_; }
+  bool native() const { return native_; }
+  const wire::NativeHeader& header() const { return header_; }
+  const std::vector<wire::TensorView>& tensors() const { return tensors_; }
+  const wire::WireError& error() const { return error_; }
+
  private:
   friend class ZmqConnection;
+  void Decode();
+
   // Each zmq_msg_t stays where ZMQ initialised it (ZMQ forbids copying one).
   std::vector<std::unique_ptr<zmq_msg_t>> msgs_;
   size_t total_frames_ = 0;
   size_t total_bytes_ = 0;
+  bool ok_ = false;
+  bool native_ = false;
+  wire::NativeHeader header_;
+  std::vector<wire::TensorView> tensors_;
+  wire::WireError error_;
 };
 
 class ZmqConnection : public tensorflow::ResourceBase {
@@ -73,14 +89,15 @@ class ZmqConnection : public tensorflow::ResourceBase {
 
   // Per-producer accounting from native headers' (producer_id, seq), the same
   // rules as consumers/accounting.py: a jump is loss, a repeat a duplicate, a
-  // fresh 0 a restarted producer. Called once per accepted message.
+  // fresh 0 a restarted producer. Receive calls it, under the socket lock, for
+  // every well-formed native message, in arrival order.
   struct ProducerCount {
     int64_t received = 0, lost = 0, duplicated = 0, restarts = 0;
     uint64_t next_seq = 0;
   };
   void Account(uint32_t producer_id, uint64_t seq, size_t bytes);
   // Rows of (producer_id, received, lost, duplicated, restarts), and totals
-  // (messages, bytes) over every accepted message of either format.
+  // (messages, bytes) over every well-formed message of either format.
   std::map<uint32_t, ProducerCount> ProducerCounts() const;
   void Totals(int64_t* messages, int64_t* bytes) const;
   void CountMessage(size_t bytes);
@@ -90,7 +107,8 @@ class ZmqConnection : public tensorflow::ResourceBase {
 
   // Waits for one whole message, at most timeout_ms (DeadlineExceeded), and
   // gives up with Cancelled when the step is cancelled or the connection is
-  // being destroyed. `cancel` may be null.
+  // being destroyed. `cancel` may be null. On OK the message is decoded (see
+  // Message::ok) and, if well-formed, counted.
   absl::Status Receive(Message* msg, tensorflow::CancellationManager* cancel);
 
  private:

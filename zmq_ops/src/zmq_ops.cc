@@ -96,16 +96,13 @@ class ZmqPullOp : public AsyncOpKernel {
     Message msg;
     TF_RETURN_IF_ERROR(conn->Receive(&msg, ctx->cancellation_manager()));
 
-    // Socket lock released: decode and copy while other pulls receive.
-    std::vector<wire::Frame> frames = msg.Frames();
-    std::vector<wire::TensorView> tensors;
-    wire::NativeHeader header;
-    wire::WireError err;
-    bool native = false;
-    if (!wire::DecodeMessage(frames, msg.total_frames(), &native, &header, &tensors, &err)) {
-      return errors::InvalidArgument("bad ", native ? "native" : "zmq_ops", " message from ", ep, ": ",
-                                     err.ToString());
+    // Socket lock released: check the decoded message and copy it out while
+    // other pulls receive.
+    if (!msg.ok()) {
+      return errors::InvalidArgument("bad ", msg.native() ? "native" : "zmq_ops", " message from ", ep, ": ",
+                                     msg.error().ToString());
     }
+    const std::vector<wire::TensorView>& tensors = msg.tensors();
     if (tensors.size() != types_.size()) {
       return errors::InvalidArgument("n_tensors: message from ", ep, " has ", tensors.size(),
                                      " tensors, the op expects ", types_.size(), " (",
@@ -135,11 +132,6 @@ class ZmqPullOp : public AsyncOpKernel {
       } else {
         std::memcpy(dst, t.data, t.nbytes);  // the one copy: ZMQ's buffer -> tensor
       }
-    }
-    if (native) {
-      conn->Account(header.producer_id, header.seq, msg.total_bytes());
-    } else {
-      conn->CountMessage(msg.total_bytes());
     }
     return absl::OkStatus();
   }
