@@ -36,7 +36,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--fake-location", choices=ALL_PATHS, help="run this input path and the gpu baseline (default: all paths)"
     )
-    p.add_argument("--num-gpus", type=positive_int, help="towers (devices); CPU devices when there is no GPU")
+    p.add_argument(
+        "--num-gpus",
+        type=positive_int,
+        help="towers (devices); default: every GPU, or 2 CPU devices when there is no GPU",
+    )
     p.add_argument("--batch", type=positive_int, help="batch size per device")
     p.add_argument("--image-size", type=positive_int)
     p.add_argument("--warmup-steps", type=int, help="steps run before timing (default 20; fewer on CPU)")
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.run import InputError, run_path
 
     has_gpu = devices.gpu_count() > 0
-    for note in apply_defaults(cfg, has_gpu):
+    for note in apply_defaults(cfg, has_gpu, devices.gpu_count()):
         print(f"note: {note}")
     if has_gpu and cfg.num_gpus > devices.gpu_count():
         return fail(f"--num-gpus {cfg.num_gpus}: only {devices.gpu_count()} GPU(s) on this machine")

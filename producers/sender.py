@@ -158,10 +158,15 @@ def run(
                 # Pace against the start, so a stall does not let the producer burst afterwards.
                 time.sleep(max(0.0, t_start + seq * images / cfg.rate - t1))
             t2 = time.perf_counter()
-            if not _wait_writable(sock, should_stop, cfg.give_up_after):
-                return DONE if should_stop() else CONSUMER_GONE
             extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
-            nbytes = message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
+            while True:
+                if not _wait_writable(sock, should_stop, cfg.give_up_after):
+                    return DONE if should_stop() else CONSUMER_GONE
+                try:
+                    nbytes = message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
+                    break
+                except zmq.Again:  # the consumer hung up between the poll and the send: wait again
+                    continue
             t3 = time.perf_counter()
             telemetry.record(images, t1 - t0, t3 - t2)
             seq += 1

@@ -257,7 +257,7 @@ def run_sweep(base: BenchConfig, grid: dict[str, list], has_gpu: bool, out_dir: 
     bar = tqdm(total=total, desc="sweep", unit="run", disable=not interactive(), position=0, dynamic_ncols=True)
     try:
         for i, cfg in enumerate(configs, 1):
-            notes = apply_defaults(cfg, has_gpu)
+            notes = apply_defaults(cfg, has_gpu, len(device.get("gpus", [])))
             if i == 1:
                 for note in notes:
                     print(f"note: {note}")

@@ -23,6 +23,7 @@ def small(**kw) -> BenchConfig:
     base = {
         "batch": 2,
         "image_size": 32,
+        "num_gpus": 1,
         "warmup_steps": 1,
         "steps": 2,
         "repeats": 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 
 PATHS = ("gpu", "cpu", "python-queue", "python-dataset", "zmq-consume")  # the default comparison
@@ -59,8 +60,8 @@ class BenchConfig:
         return d
 
 
-def apply_defaults(cfg: BenchConfig, has_gpu: bool) -> list[str]:
-    """Fill unset fields for this machine; returns lines saying what was shrunk and why."""
+def apply_defaults(cfg: BenchConfig, has_gpu: bool, gpus: int = 1) -> list[str]:
+    """Fill unset fields for this machine (`gpus` visible); returns lines saying what was shrunk and why."""
     notes = []
     defaults = GPU_DEFAULTS if has_gpu else CPU_DEFAULTS
     for key, value in defaults.items():
@@ -69,7 +70,9 @@ def apply_defaults(cfg: BenchConfig, has_gpu: bool) -> list[str]:
             if not has_gpu and GPU_DEFAULTS[key] != value:
                 cfg.shrunk[key] = (GPU_DEFAULTS[key], value)
     if cfg.num_gpus is None:
-        cfg.num_gpus = 1
+        # Every GPU: the multi-device trainer is the point. Without one, two CPU towers, so the
+        # replicated / parameter-server code runs even on the 2-core reference machine.
+        cfg.num_gpus = max(1, gpus) if has_gpu else min(2, os.cpu_count() or 1)
     if cfg.data_format is None:
         cfg.data_format = "NCHW" if has_gpu else "NHWC"
     if cfg.shrunk:

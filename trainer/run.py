@@ -232,6 +232,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                     producers=group if path == "zmq-consume" else None,
                     sample_every=cfg.telemetry_every,
                     total_steps=cfg.warmup_steps + cfg.steps * cfg.repeats,
+                    zmq_socket=connection_stats.sock if connection_stats is not None else None,
                 )
             if cfg.profile_dir:
                 callbacks.append(ProfileSteps(os.path.join(cfg.profile_dir, path), cfg.warmup_steps, 3, telemetry))
