@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 
 from tensorpack.callbacks import Callback, RunUpdateOps
@@ -29,10 +30,12 @@ from trainer.tf_env import tf
 tf = tf()
 
 
-class _QuietOnCPU(logging.Filter):
-    """Drop tensorpack's warnings about GPUs on machines that have none (towers on CPU are intended)."""
+class _Quiet(logging.Filter):
+    """Drop tensorpack lines that mislead here: GPU warnings where towers on CPU are intended, and
+    its failure record (malformed, it prints a logging traceback; the run reports the error itself)."""
 
     NOISE = (
+        "Training failed at global_step",
         "non-trainable",  # batch-norm statistics live on the first tower only, as in tensorpack's BatchNorm
         "not built with CUDA",
         "GPU",
@@ -49,7 +52,7 @@ class _QuietOnCPU(logging.Filter):
 
 _log = logging.getLogger("tensorpack")
 _log.setLevel(logging.WARNING)
-_log.addFilter(_QuietOnCPU())
+_log.addFilter(_Quiet())
 
 
 class InputError(RuntimeError):
@@ -108,10 +111,23 @@ def expected_message_size(batch: int, image_size: int) -> int:
 
 
 def op_message(e: Exception) -> str:
-    """The op's own words from a TensorFlow error, without the graph-execution preamble."""
+    """The op's own words from a TensorFlow error, without the graph-execution preamble.
+
+    With several towers one failure can surface as several root errors,
+    "(0) DEADLINE_EXCEEDED: ...", "(1) ...": the first is the one to report.
+    """
     lines = [ln.strip() for ln in getattr(e, "message", str(e)).splitlines()]
-    lines = [ln for ln in lines if ln and not ln.startswith(("Graph execution", "Detected at", "File ", "Node:", "[["))]
+    for ln in lines:
+        root = _ROOT_ERROR.match(ln)
+        if root:
+            return root.group(1)
+    skip = ("Graph execution", "Detected at", "File ", "Node:", "[[")
+    lines = [ln for ln in lines if ln and not ln.startswith(skip) and not _ERROR_SUMMARY.match(ln)]
     return lines[-1] if lines else str(e)
+
+
+_ROOT_ERROR = re.compile(r"^\(\d+\) [A-Z_]+: *(.+)$")
+_ERROR_SUMMARY = re.compile(r"^\d+ (root error|successful operation|derived error)")
 
 
 def make_model(cfg: BenchConfig):
