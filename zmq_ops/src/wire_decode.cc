@@ -83,6 +83,31 @@ std::string SizeMismatch(const std::vector<int64_t>& shape, int dtype, bool ok, 
   return s.str();
 }
 
+// The dtype code and ndim of tensor `i`, as read from either format's header.
+bool CheckDtypeAndNdim(int i, int32_t dtype, int32_t ndim, WireError* err) {
+  if (ItemSize(dtype) == 0) {
+    return Fail(err, TensorField(i, "dtype"), "unknown dtype code " + std::to_string(dtype));
+  }
+  if (ndim < 0 || ndim > kMaxNdim) {
+    return Fail(err, TensorField(i, "ndim"), std::to_string(ndim) + " is outside 0.." + std::to_string(kMaxNdim));
+  }
+  return true;
+}
+
+// Reads tensor `i`'s `ndim` dimensions, stored as D (int32 in the zmq_ops
+// format, int64 in the native one); the caller has checked they are in bounds.
+template <typename D>
+bool ReadShape(const char* p, int i, int32_t ndim, std::vector<int64_t>* shape, WireError* err) {
+  for (int j = 0; j < ndim; ++j) {
+    const D d = Read<D>(p + sizeof(D) * j);
+    if (d < 0) {
+      return Fail(err, TensorField(i, "shape[") + std::to_string(j) + "]", "negative dimension " + std::to_string(d));
+    }
+    shape->push_back(d);
+  }
+  return true;
+}
+
 std::string Printable(const char* p, size_t n) {
   std::ostringstream s;
   s << "b'";
@@ -162,25 +187,12 @@ bool DecodeZmqOps(const Frame& frame, std::vector<TensorView>* out, WireError* e
     t.dtype = Read<int32_t>(buf + off);
     const int32_t ndim = Read<int32_t>(buf + off + 4);
     off += 8;
-    if (ItemSize(t.dtype) == 0) {
-      return Fail(err, TensorField(i, "dtype"), "unknown dtype code " + std::to_string(t.dtype));
-    }
-    if (ndim < 0 || ndim > kMaxNdim) {
-      return Fail(err, TensorField(i, "ndim"),
-                  std::to_string(ndim) + " is outside 0.." + std::to_string(kMaxNdim));
-    }
+    if (!CheckDtypeAndNdim(i, t.dtype, ndim, err)) return false;
     if (size - off < 4 * static_cast<size_t>(ndim) + 8) {
       return Fail(err, TensorField(i, "shape"),
                   "truncated at byte " + std::to_string(off) + " of " + std::to_string(size));
     }
-    for (int j = 0; j < ndim; ++j) {
-      const int32_t d = Read<int32_t>(buf + off + 4 * j);
-      if (d < 0) {
-        return Fail(err, TensorField(i, "shape[") + std::to_string(j) + "]",
-                    "negative dimension " + std::to_string(d));
-      }
-      t.shape.push_back(d);
-    }
+    if (!ReadShape<int32_t>(buf + off, i, ndim, &t.shape, err)) return false;
     off += 4 * static_cast<size_t>(ndim);
     const int64_t nbytes = Read<int64_t>(buf + off);
     off += 8;
@@ -249,25 +261,12 @@ bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeH
     t.dtype = Read<int32_t>(buf + off);
     const int32_t ndim = Read<int32_t>(buf + off + 4);
     off += 8;
-    if (ItemSize(t.dtype) == 0) {
-      return Fail(err, TensorField(i, "dtype"), "unknown dtype code " + std::to_string(t.dtype));
-    }
-    if (ndim < 0 || ndim > kMaxNdim) {
-      return Fail(err, TensorField(i, "ndim"),
-                  std::to_string(ndim) + " is outside 0.." + std::to_string(kMaxNdim));
-    }
+    if (!CheckDtypeAndNdim(i, t.dtype, ndim, err)) return false;
     if (size - off < 8 * static_cast<size_t>(ndim)) {
       return Fail(err, TensorField(i, "shape"),
                   "header truncated at byte " + std::to_string(off) + " of " + std::to_string(size));
     }
-    for (int j = 0; j < ndim; ++j) {
-      const int64_t d = Read<int64_t>(buf + off + 8 * j);
-      if (d < 0) {
-        return Fail(err, TensorField(i, "shape[") + std::to_string(j) + "]",
-                    "negative dimension " + std::to_string(d));
-      }
-      t.shape.push_back(d);
-    }
+    if (!ReadShape<int64_t>(buf + off, i, ndim, &t.shape, err)) return false;
     off += 8 * static_cast<size_t>(ndim);
     out->push_back(std::move(t));
   }
