@@ -174,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import devices, report
     from trainer.run import InputError, run_path
 
-    has_gpu = devices.gpu_count() > 0
-    for note in apply_defaults(cfg, has_gpu, devices.gpu_count()):
+    gpus = devices.gpu_count()
+    has_gpu = gpus > 0
+    for note in apply_defaults(cfg, gpus):
         print(f"note: {note}")
-    if has_gpu and cfg.num_gpus > devices.gpu_count():
-        return fail(f"--num-gpus {cfg.num_gpus}: only {devices.gpu_count()} GPU(s) on this machine")
+    if has_gpu and cfg.num_gpus > gpus:
+        return fail(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
     if not has_gpu and cfg.num_gpus > (os.cpu_count() or 1):
         return fail(
             f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
         out = args.out or "results"
         try:
-            doc = run_sweep(base, grid, has_gpu, out, devices.describe())
+            doc = run_sweep(base, grid, gpus, out, devices.describe())
         except InputError as e:
             return fail(str(e))
         print()

@@ -245,8 +245,9 @@ def write_results(out_dir: str, doc: dict) -> list[str]:
     return written
 
 
-def run_sweep(base: BenchConfig, grid: dict[str, list], has_gpu: bool, out_dir: str, device: dict) -> dict:
+def run_sweep(base: BenchConfig, grid: dict[str, list], gpus: int, out_dir: str, device: dict) -> dict:
     """Run every grid point's paths, with one bar over the sweep and one per run; write the results."""
+    has_gpu = gpus > 0
     from trainer import report
     from trainer.run import run_path
 
@@ -257,7 +258,7 @@ def run_sweep(base: BenchConfig, grid: dict[str, list], has_gpu: bool, out_dir: 
     bar = tqdm(total=total, desc="sweep", unit="run", disable=not interactive(), position=0, dynamic_ncols=True)
     try:
         for i, cfg in enumerate(configs, 1):
-            notes = apply_defaults(cfg, has_gpu, len(device.get("gpus", [])))
+            notes = apply_defaults(cfg, gpus)
             if i == 1:
                 for note in notes:
                     print(f"note: {note}")

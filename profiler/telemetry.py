@@ -127,7 +127,7 @@ class Telemetry(Callback):
         producers=None,
         sample_every: int = 4,
         total_steps: int | None = None,
-        zmq_socket=None,
+        op_counters=None,
     ) -> None:
         self.source = source
         self.warmup = warmup
@@ -135,7 +135,7 @@ class Telemetry(Callback):
         self.batch = batch
         self.consumer = consumer  # a PullConsumer (python paths), or a callable returning one
         self.producers = producers  # a ProducerGroup whose stderr holds progress lines (zmq-consume)
-        self.zmq_socket = zmq_socket  # a zmq_ops.ZMQPullSocket (zmq-consume): its counters are the wire's
+        self.op_counters = op_counters  # zmq-consume: the op's counters, `read(session)` (trainer/run.py)
         self.sample_every = max(1, sample_every)
         self.total_steps = total_steps  # known: read the consumer's counters at the last step only
         self.step = 0
@@ -166,7 +166,6 @@ class Telemetry(Callback):
                 fetches["staging"] = [a.size() for a in st._areas]
             self.towers_staged = len(st._areas)
         self._fetches = fetches
-        self._op_stats = self.zmq_socket.stats() if self.zmq_socket is not None else None
 
     # --- per step ------------------------------------------------------------------------------
     def _consumer(self):
@@ -179,12 +178,12 @@ class Telemetry(Callback):
         if c is not None:
             received = {pid: pc.received for pid, pc in c.tracker.producers.items()}
             return (time.perf_counter(), c.batches, c.bytes, c.latency_s, c.wait_s, received)
-        if self._op_stats is not None:
+        if self.op_counters is not None:
             # A run of its own (not a fetch of the training step), so the counters are read
             # exactly between steps; it costs well under a millisecond, twice per run.
-            rows, totals = session.run(self._op_stats)
-            received = {int(r[0]): int(r[1]) for r in rows}
-            return (time.perf_counter(), int(totals[0]), int(totals[1]), None, None, received)
+            rows, messages, nbytes = self.op_counters.read(session)
+            received = {r["producer"]: r["received"] for r in rows}
+            return (time.perf_counter(), messages, nbytes, None, None, received)
         return None
 
     def measuring(self) -> bool:
@@ -297,18 +296,7 @@ class Telemetry(Callback):
             "source": "consumer counters" if l0 is not None else "zmq_ops connection counters",
         }
 
-    def _derived_wire(self, bytes_per_image: int | None) -> dict | None:
-        """Fallback without counters: in steady state the wire carries what the steps consume."""
-        if not self.walls or not bytes_per_image:
-            return None
-        ips = self.images_per_step * len(self.walls) / sum(self.walls)
-        return {
-            "messages_per_sec": ips / self.batch,
-            "bytes_per_sec": ips * bytes_per_image,
-            "source": "derived from the step rate",
-        }
-
-    def summary(self, bytes_per_image: int | None = None) -> dict:
+    def summary(self) -> dict:
         """The telemetry block of a path's result (see docs/results.md)."""
         out: dict = {"sampled_steps": len(self.traced), "sample_every": self.sample_every}
         if self.traced:
@@ -335,7 +323,5 @@ class Telemetry(Callback):
             else None
         )
         out["wire"] = self._wire_summary()
-        if out["wire"] is None and self.producers is not None:
-            out["wire"] = self._derived_wire(bytes_per_image)
         out["producers"] = self._producers_summary()
         return out

@@ -31,7 +31,7 @@ def small(**kw) -> BenchConfig:
         "recv_timeout": 30,
     }
     cfg = BenchConfig(**{**base, **kw})
-    apply_defaults(cfg, has_gpu=False)
+    apply_defaults(cfg, gpus=0)
     return cfg
 
 

@@ -120,7 +120,7 @@ def tiny(**kw) -> BenchConfig:
     base = {"batch": 2, "image_size": 32, "num_gpus": 1, "warmup_steps": 2, "steps": 8, "repeats": 2, "producers": 1,
             "input_only": True, "recv_timeout": 30, "telemetry_every": 2}  # fmt: skip
     cfg = BenchConfig(**{**base, **kw})
-    apply_defaults(cfg, has_gpu=False)
+    apply_defaults(cfg, gpus=0)
     return cfg
 
 

@@ -60,8 +60,9 @@ class BenchConfig:
         return d
 
 
-def apply_defaults(cfg: BenchConfig, has_gpu: bool, gpus: int = 1) -> list[str]:
-    """Fill unset fields for this machine (`gpus` visible); returns lines saying what was shrunk and why."""
+def apply_defaults(cfg: BenchConfig, gpus: int) -> list[str]:
+    """Fill unset fields for a machine with `gpus` GPUs; returns lines saying what was shrunk and why."""
+    has_gpu = gpus > 0
     notes = []
     defaults = GPU_DEFAULTS if has_gpu else CPU_DEFAULTS
     for key, value in defaults.items():
@@ -72,7 +73,7 @@ def apply_defaults(cfg: BenchConfig, has_gpu: bool, gpus: int = 1) -> list[str]:
     if cfg.num_gpus is None:
         # Every GPU: the multi-device trainer is the point. Without one, two CPU towers, so the
         # replicated / parameter-server code runs even on the 2-core reference machine.
-        cfg.num_gpus = max(1, gpus) if has_gpu else min(2, os.cpu_count() or 1)
+        cfg.num_gpus = gpus if has_gpu else min(2, os.cpu_count() or 1)
     if cfg.data_format is None:
         cfg.data_format = "NCHW" if has_gpu else "NHWC"
     if cfg.shrunk:

@@ -84,7 +84,10 @@ class _WatchProducers(Callback):
 
 
 class _ConnectionStats(Callback):
-    """Reads the zmq op's counters (per producer, from sequence numbers) when training ends."""
+    """Reads the zmq op's counters (per producer, from sequence numbers) when training ends.
+
+    Telemetry reads them through `read` as well, between steps, for the wire's rates.
+    """
 
     def __init__(self, sock) -> None:
         self.sock = sock
@@ -94,11 +97,14 @@ class _ConnectionStats(Callback):
     def _setup_graph(self) -> None:
         self._stats = self.sock.stats()
 
-    def _after_train(self) -> None:
-        rows, totals = self.trainer.sess.run(self._stats)
+    def read(self, session) -> tuple[list[dict], int, int]:
+        """Per-producer rows, and the messages and bytes received so far."""
+        rows, totals = session.run(self._stats)
         keys = ("producer", "received", "lost", "duplicated", "restarts")
-        self.producers = [dict(zip(keys, map(int, row), strict=True)) for row in rows]
-        self.messages = int(totals[0])
+        return [dict(zip(keys, map(int, row), strict=True)) for row in rows], int(totals[0]), int(totals[1])
+
+    def _after_train(self) -> None:
+        self.producers, self.messages, _ = self.read(self.trainer.sess)
 
 
 def expected_message_size(batch: int, image_size: int) -> int:
@@ -108,6 +114,9 @@ def expected_message_size(batch: int, image_size: int) -> int:
     receiver allocates for it.
     """
     return int((batch * image_size * image_size * 3 + batch * 4) * 1.25) + 64 * 1024
+
+
+_ROOT_ERROR = re.compile(r"^\(\d+\) [A-Z_]+: *(.+)$")
 
 
 def op_message(e: Exception) -> str:
@@ -121,13 +130,8 @@ def op_message(e: Exception) -> str:
         root = _ROOT_ERROR.match(ln)
         if root:
             return root.group(1)
-    skip = ("Graph execution", "Detected at", "File ", "Node:", "[[")
-    lines = [ln for ln in lines if ln and not ln.startswith(skip) and not _ERROR_SUMMARY.match(ln)]
+    lines = [ln for ln in lines if ln and not ln.startswith(("Graph execution", "Detected at", "File ", "Node:", "[["))]
     return lines[-1] if lines else str(e)
-
-
-_ROOT_ERROR = re.compile(r"^\(\d+\) [A-Z_]+: *(.+)$")
-_ERROR_SUMMARY = re.compile(r"^\d+ (root error|successful operation|derived error)")
 
 
 def make_model(cfg: BenchConfig):
@@ -248,7 +252,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                     producers=group if path == "zmq-consume" else None,
                     sample_every=cfg.telemetry_every,
                     total_steps=cfg.warmup_steps + cfg.steps * cfg.repeats,
-                    zmq_socket=connection_stats.sock if connection_stats is not None else None,
+                    op_counters=connection_stats,
                 )
             if cfg.profile_dir:
                 callbacks.append(ProfileSteps(os.path.join(cfg.profile_dir, path), cfg.warmup_steps, 3, telemetry))
@@ -293,7 +297,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 result["producers"] = connection_stats.producers
                 result["batches_pulled"] = connection_stats.messages
             if telemetry is not None:
-                result["telemetry"] = telemetry.summary(result["bytes_per_image"])
+                result["telemetry"] = telemetry.summary()
                 result["telemetry"]["trainer"] = {
                     "images_per_sec": result["images_per_sec"]["median"],
                     "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],
