@@ -1,0 +1,82 @@
+"""Input paths by name: one class per way of feeding the trainer, per framework.
+
+Modelled on tensorpack's `input_source/`: a small base class says what every
+path must provide, and each path is one subclass in one file, registered by
+name with `@register`. The TensorFlow paths live in `tf_trainer/inputs/`, the
+PyTorch ones in `torch_trainer/inputs/`; each of those packages imports every
+module in its folder, so adding a path means adding one file there (or
+registering a class from anywhere, as the tests do) and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, ClassVar
+
+from core.errors import ConfigError
+
+# Where each framework's input paths live; loading the package registers them.
+FRAMEWORK_PACKAGES = {"tf": "tf_trainer.inputs", "torch": "torch_trainer.inputs"}
+BASELINE = "gpu"
+
+_registry: dict[str, dict[str, type[InputPath]]] = {fw: {} for fw in FRAMEWORK_PACKAGES}
+
+
+class InputPath:
+    """What every input path provides, whatever the framework.
+
+    Subclasses set the class attributes and override what they need. A path
+    object is made per run (`cls(cfg)`), so it may keep the run's state (its
+    sockets, producers, counters) and report it from `stage_figures`.
+    """
+
+    name: ClassVar[str] = ""
+    framework: ClassVar[str] = ""  # "tf" or "torch"
+    summary: ClassVar[str] = ""  # one line for --help, the README table and docs
+    order: ClassVar[int] = 100  # position in tables; the baseline comes first
+    in_default_run: ClassVar[bool] = True  # part of the comparison run when no --fake-location is given
+    needs_producers: ClassVar[bool] = False  # the run starts (or waits for) producers on an endpoint
+    # What to try when this path's consumer side limits the run (the verdict quotes it).
+    advice: ClassVar[str] = "speed up the consumer"
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        """Refuse flags this path cannot work with, before anything starts (raise ConfigError)."""
+
+    def stage_figures(self) -> dict[str, dict]:
+        """This path's own figures by stage name ("queue", "wire", ...), gathered by the telemetry."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """What the report says about the path itself (kind, advice), next to its figures."""
+        return {"summary": self.summary, "advice": self.advice, "needs_producers": self.needs_producers}
+
+
+def register(cls: type[InputPath]) -> type[InputPath]:
+    """Class decorator: make `cls` available by its name for its framework."""
+    if not cls.name or cls.framework not in _registry:
+        raise TypeError(f"{cls.__name__}: an input path needs a name and a framework in {sorted(_registry)}")
+    _registry[cls.framework][cls.name] = cls
+    return cls
+
+
+def load(framework: str) -> dict[str, type[InputPath]]:
+    """Every registered path of `framework`, importing its package of paths first."""
+    if framework not in _registry:
+        raise ConfigError(f"--framework {framework!r}: choose from {', '.join(sorted(_registry))}")
+    importlib.import_module(FRAMEWORK_PACKAGES[framework])
+    return dict(sorted(_registry[framework].items(), key=lambda kv: (kv[1].order, kv[0])))
+
+
+def get(framework: str, name: str) -> type[InputPath]:
+    paths = load(framework)
+    if name not in paths:
+        raise ConfigError(f"--fake-location {name!r}: no such input path for {framework} (choose from {', '.join(paths)})")
+    return paths[name]
+
+
+def names(framework: str, default_run_only: bool = False) -> list[str]:
+    return [n for n, c in load(framework).items() if c.in_default_run or not default_run_only]
