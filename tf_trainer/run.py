@@ -11,13 +11,12 @@ from tensorpack.callbacks import Callback, RunUpdateOps
 from tensorpack.tfutils.sesscreate import NewSessionCreator
 from tensorpack.tfutils.sessinit import JustCurrentSession
 from tensorpack.tfutils.tower import get_current_tower_context
-from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 
 from core.config import BenchConfig
 from profiler.progress import RunProgress
 from runner import shutdown
 from runner.producer_group import ProducerDied, ProducerGroup, producer_command
-from tf_trainer import devices
+from tf_trainer import devices, placement
 from tf_trainer.inputs.constant import cpu_synthetic_input, on_device_input
 from tf_trainer.inputs.python_feed import PullFlow, python_dataset_input, python_queue_input
 from tf_trainer.inputs.zmq_consume import zmq_op_input
@@ -151,13 +150,8 @@ def make_model(cfg: BenchConfig):
     )
 
 
-def make_trainer(cfg: BenchConfig):
-    towers = list(range(cfg.num_gpus))
-    if cfg.variable_update == "replicated":
-        return SyncMultiGPUTrainerReplicated(towers, average=True, mode="gpu")
-    if cfg.variable_update == "parameter_server":
-        return SyncMultiGPUTrainerParameterServer(towers, ps_device=cfg.ps_device)
-    raise ValueError(f"--variable-update {cfg.variable_update!r} is not supported here")
+def make_trainer(cfg: BenchConfig, has_gpu: bool):
+    return placement.make_trainer(cfg.variable_update, cfg.num_gpus, cfg.ps_device, has_gpu)
 
 
 def _producers(cfg: BenchConfig, endpoint: str, path: str = "") -> ProducerGroup | None:
@@ -234,7 +228,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                     tf.compat.v1.add_to_collection(COST_COLLECTION, cost)
                 return cost
 
-            trainer = make_trainer(cfg)
+            trainer = make_trainer(cfg, has_gpu)
             trainer.setup_graph(model.get_input_signature(), source, tower_cost, model.get_optimizer)
             if not has_gpu and not os.environ.get("FB_NOREMAP"):
                 devices.map_towers_to_cpus(graph, cfg.num_gpus)

@@ -12,6 +12,7 @@ import numpy as np
 from tensorpack.input_source import TensorInput
 from tensorpack.tfutils.tower import get_current_tower_context
 
+from tf_trainer.placement import tower_device
 from tf_trainer.tf_env import tf
 
 tf = tf()
@@ -25,12 +26,14 @@ def on_device_input(batch: int, image_size: int, classes: int = 1000, seed: int 
 
     def fn() -> list:
         idx = get_current_tower_context().index
-        # Local variables, not tf.constant: the batch lives in device memory once, not in the graph
-        # proto; local, so replicated training neither syncs nor checkpoints them.
+        # Local variables: the batch is copied to the device once, at initialisation; local, so
+        # replicated training neither syncs nor checkpoints them. Pinned to the tower's device, or
+        # the parameter-server trainer would place them like parameters, on another GPU.
         local = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
-        img = tf.compat.v1.Variable(images, trainable=False, collections=local, name=f"on_device_images{idx}")
-        lab = tf.compat.v1.Variable(labels, trainable=False, collections=local, name=f"on_device_labels{idx}")
-        return [tf.identity(img), tf.identity(lab)]
+        with tf.device(tower_device()):
+            img = tf.compat.v1.Variable(images, trainable=False, collections=local, name=f"on_device_images{idx}")
+            lab = tf.compat.v1.Variable(labels, trainable=False, collections=local, name=f"on_device_labels{idx}")
+            return [tf.identity(img), tf.identity(lab)]
 
     return TensorInput(fn)
 
