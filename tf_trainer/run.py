@@ -12,14 +12,16 @@ from tensorpack.tfutils.sesscreate import NewSessionCreator
 from tensorpack.tfutils.sessinit import JustCurrentSession
 from tensorpack.tfutils.tower import get_current_tower_context
 
+from consumers.expect import BatchSpec
 from core.config import BenchConfig
+from core.errors import InputError
 from profiler.progress import RunProgress
 from runner import shutdown
 from runner.producer_group import ProducerDied, ProducerGroup, producer_command
 from tf_trainer import devices, placement
 from tf_trainer.inputs.constant import cpu_synthetic_input, on_device_input
 from tf_trainer.inputs.python_feed import PullFlow, python_dataset_input, python_queue_input
-from tf_trainer.inputs.zmq_consume import zmq_op_input
+from tf_trainer.inputs.zmq_consume import batch_error, zmq_op_input
 from tf_trainer.measure import COST_COLLECTION, StepTimer, summarize
 from tf_trainer.models.input_only import InputOnlyModel
 from tf_trainer.staging import stage_onto_devices
@@ -53,10 +55,6 @@ class _Quiet(logging.Filter):
 _log = logging.getLogger("tensorpack")
 _log.setLevel(logging.WARNING)
 _log.addFilter(_Quiet())
-
-
-class InputError(RuntimeError):
-    """The input path could not deliver the batches the run needed; the message says which and why."""
 
 
 class _WatchProducers(Callback):
@@ -193,6 +191,8 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
     group: ProducerGroup | None = None
     flow: PullFlow | None = None
     graph = tf.Graph()
+    model = make_model(cfg)
+    expected = BatchSpec.from_signature(model.get_input_signature(), cfg.batch)
     try:
         with graph.as_default():
             if path == "gpu":
@@ -200,7 +200,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             elif path == "cpu":
                 source = stage_onto_devices(cpu_synthetic_input(cfg.batch, cfg.image_size))
             elif path in ("python-queue", "python-dataset"):
-                flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys)
+                flow = PullFlow(
+                    endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys, expected
+                )
                 flow.open()
                 group = _producers(cfg, endpoint, path)
                 if path == "python-queue":
@@ -208,7 +210,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 else:
                     source = stage_onto_devices(python_dataset_input(flow, cfg.batch, cfg.image_size))
             elif path == "zmq-consume":
-                pulled = zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
+                pulled = zmq_op_input(
+                    endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, expected
+                )
                 connection_stats = _ConnectionStats(pulled.zmq_socket)
                 source = stage_onto_devices(pulled)
                 group = _producers(cfg, endpoint, path)
@@ -219,8 +223,6 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 source = stage_onto_devices(dali_dataset_input(cfg.data, cfg.batch, cfg.image_size, threads, has_gpu))
             else:
                 raise ValueError(f"unknown input path {path!r}")
-
-            model = make_model(cfg)
 
             def tower_cost(*inputs):
                 cost = model.build_graph(*inputs)
@@ -272,6 +274,13 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 raise InputError(f"{path}: {op_message(e)}") from None
             except ProducerDied as e:
                 raise InputError(f"{path}: {e}") from None
+            except tf.errors.InvalidArgumentError as e:
+                wrong = batch_error(e, endpoint, expected)
+                if wrong is None:
+                    raise
+                raise InputError(f"{path}: {wrong}") from None
+            if flow is not None and flow.error is not None:
+                raise InputError(f"{path}: {flow.error}")
             if len(timer.ends) < needed:
                 why = ""
                 if flow is not None and flow.consumer is not None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from tensorpack.dataflow import DataFlow
+from tensorpack.dataflow import DataFlow, DataFlowTerminated
 from tensorpack.input_source import QueueInput, TFDatasetInput
 
+from consumers.expect import BatchSpec, batch_source
 from consumers.zmq_pull import PullConsumer
+from core.errors import InputError
 from tf_trainer.tf_env import tf
 
 tf = tf()
@@ -31,8 +33,11 @@ class PullFlow(DataFlow):
         max_msg_size: int | None = None,
         allow_remote: bool = False,
         curve_keys: str | None = None,
+        expected: BatchSpec | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.expected = expected
+        self.error: InputError | None = None  # the batch that stopped the flow, if one did
         self.curve_keys = curve_keys
         self.allow_remote = allow_remote
         self.hwm = hwm
@@ -57,7 +62,14 @@ class PullFlow(DataFlow):
     def __iter__(self) -> Iterator[list[np.ndarray]]:
         consumer = self.open()
         while True:
-            yield consumer.recv().arrays
+            batch = consumer.recv()
+            wrong = self.expected.mismatch(batch.arrays) if self.expected is not None else None
+            if wrong:
+                # End the flow (tensorpack closes the queue, tf.data ends): the run stops at this step.
+                producer = batch.header.producer_id if batch.header is not None else None
+                self.error = InputError(f"{batch_source(self.endpoint, producer)} {wrong}")
+                raise DataFlowTerminated(str(self.error))
+            yield batch.arrays
 
     def close(self) -> None:
         if self.consumer is not None:
@@ -76,8 +88,11 @@ def python_dataset_input(flow: PullFlow, batch: int, image_size: int, prefetch: 
     shapes = ((batch, image_size, image_size, 3), (batch,))
 
     def gen():
-        for arrays in flow:
-            yield tuple(arrays)
+        try:
+            for arrays in flow:
+                yield tuple(arrays)
+        except DataFlowTerminated:
+            return  # the dataset ends; the run reports flow.error
 
     ds = tf.data.Dataset.from_generator(gen, output_types=(tf.uint8, tf.int32), output_shapes=shapes)
     return TFDatasetInput(ds.prefetch(prefetch))

@@ -1,0 +1,81 @@
+"""A batch that is not what the run expects stops the run at once, with one line that says so.
+
+Each case runs the real command line against a real external producer on
+--endpoint: the run binds, the producer connects and sends batches of another
+image size, batch size, dtype or number of tensors. The receive timeout is
+far longer than the test waits, so only the batch check can end these runs.
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+
+def run_cli(procs, *args: str, timeout: float = 200):
+    p = procs.start("bench_input.py", *args)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def error_lines(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("error")]
+
+
+# An external producer of odd batches, built on the project's wire code (native format, producer 5).
+ODD_SENDER = """
+import sys
+import numpy as np
+import zmq
+from wire import message
+
+endpoint, kind = sys.argv[1], sys.argv[2]
+sock = zmq.Context.instance().socket(zmq.PUSH)
+sock.connect(endpoint)
+images = np.zeros((2, 32, 32, 3), np.float32 if kind == "dtype" else np.uint8)
+arrays = [images, np.zeros(2, np.int32)] + ([np.zeros(2, np.int32)] if kind == "count" else [])
+seq = 0
+while True:
+    message.send(sock, arrays, producer_id=5, seq=seq)
+    seq += 1
+"""
+
+RUN = ("--input-only", "--num-gpus", "2", "--batch", "2", "--image-size", "32", "--recv-timeout", "600")
+
+CASES = [
+    # (path, producer: synthetic flags or odd-sender kind, words the error line must hold)
+    ("zmq-consume", ["--image-size", "48"], ["uint8 [2,48,48,3]", "uint8 [2,32,32,3]"]),
+    ("python-queue", ["--image-size", "48"], ["producer 7", "uint8 [2,48,48,3]", "uint8 [2,32,32,3]"]),
+    ("python-dataset", ["--image-size", "48"], ["producer 7", "uint8 [2,48,48,3]", "uint8 [2,32,32,3]"]),
+    ("zmq-consume", ["--batch", "3"], ["[3", "the run expects uint8 [2,32,32,3], int32 [2]"]),
+    ("python-dataset", ["--batch", "3"], ["producer 7", "int32 [3]", "int32 [2]"]),
+    ("zmq-consume", "dtype", ["float", "uint8"]),
+    ("python-queue", "dtype", ["producer 5", "float32 [2,32,32,3]", "uint8 [2,32,32,3]"]),
+    ("zmq-consume", "count", ["3 tensors", "expects 2"]),
+    ("python-dataset", "count", ["producer 5", "int32 [2], int32 [2]; the run expects"]),
+]
+
+
+@pytest.mark.parametrize(
+    "path, producer, words", CASES, ids=[f"{c[0]}-{c[1] if isinstance(c[1], str) else c[1][0][2:]}" for c in CASES]
+)
+def test_an_unexpected_batch_stops_the_run_with_one_line(procs, ipc_dir, tmp_path, path, producer, words):
+    endpoint = f"ipc://{ipc_dir}/ext"
+    if isinstance(producer, str):
+        external = procs.start("-c", ODD_SENDER, endpoint, producer)
+    else:
+        external = procs.producer(endpoint, "--batch", "2", "--image-size", "32", "--producer-id", "7", *producer)
+    out_json = tmp_path / "r.json"
+    code, out, err = run_cli(procs, "--fake-location", path, *RUN, "--endpoint", endpoint, "--json", str(out_json))
+    assert code == 2, err
+    lines = error_lines(err)
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith(f"error: {path}: ") and endpoint in line
+    for w in words:
+        assert w in line, line
+    assert "no batch" not in line and "Traceback" not in err
+    assert not out_json.exists()
+    # Nothing of the run is left: only the external producer (not the run's to stop) holds the endpoint.
+    holders = [p for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])]
+    assert [p.pid for p in holders] == [external.pid]
