@@ -49,7 +49,7 @@ class RunProgress(Callback):
             self.bar.set_description_str(f"{self.path}: warm-up")
         if self.step == self.warmup:
             self.bar.set_description_str(f"{self.path}: measuring")
-        if self.telemetry is not None:
+        if self.telemetry is not None and not self.bar.disable:
             self.bar.set_postfix_str(self.telemetry.live(), refresh=False)
         self.bar.update(1)
 

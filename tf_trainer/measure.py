@@ -2,7 +2,8 @@
 
 DLPerf / tf_cnn_benchmarks method: skip the warm-up steps, then time
 `repeats` windows of `steps` steps; images/s per window is the window's
-images over its wall time, reported as median with min and max.
+images over its wall time, reported as median with min and max. Steps that
+measure something else (traces, profiles) run between and after the windows.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from tensorpack.callbacks import Callback
 
 from profiler.summary import Summary
+from tf_trainer.schedule import Schedule
 from tf_trainer.tf_env import tf
 
 tf = tf()
@@ -42,18 +44,22 @@ class StepTimer(Callback):
         self.losses.append(float(values.results))
 
 
-def summarize(timer: StepTimer, warmup: int, steps: int, repeats: int, images_per_step: int, towers: int) -> dict:
-    """Figures for one path from its step times: images/s (total and per device), step-time percentiles."""
-    needed = warmup + steps * repeats
+def summarize(timer: StepTimer, schedule: Schedule, images_per_step: int, towers: int) -> dict:
+    """Figures for one path from its timed windows: images/s (total and per device), step-time percentiles.
+
+    Only the windows' steps count (see tf_trainer/schedule.py); the untimed
+    telemetry and profiler steps between and after them do not.
+    """
+    needed = schedule.total
     if len(timer.ends) < needed:
         raise RuntimeError(f"only {len(timer.ends)} of {needed} steps ran")
     rates = []
-    for r in range(repeats):
-        a = warmup + r * steps
-        b = a + steps - 1
-        wall = timer.ends[b] - timer.starts[a]
-        rates.append(steps * images_per_step / wall)
-    measured = np.array(timer.ends[warmup:needed]) - np.array(timer.starts[warmup:needed])
+    measured = []
+    for r in range(schedule.repeats):
+        w = schedule.window(r)
+        wall = timer.ends[w[-1]] - timer.starts[w[0]]
+        rates.append(schedule.steps * images_per_step / wall)
+        measured.extend(timer.ends[i] - timer.starts[i] for i in w)
     total = Summary.of(rates)
     losses = timer.losses[:needed]
     return {
@@ -67,4 +73,5 @@ def summarize(timer: StepTimer, warmup: int, steps: int, repeats: int, images_pe
         "final_loss": losses[-1],
         "loss_finite": all(math.isfinite(x) for x in losses),
         "steps_run": len(timer.ends),
+        "schedule": schedule.to_dict(),
     }

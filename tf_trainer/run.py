@@ -24,6 +24,7 @@ from tf_trainer.inputs.python_feed import PullFlow, python_dataset_input, python
 from tf_trainer.inputs.zmq_consume import batch_error, zmq_op_input
 from tf_trainer.measure import COST_COLLECTION, StepTimer, summarize
 from tf_trainer.models.input_only import InputOnlyModel
+from tf_trainer.schedule import PROFILED_STEPS, Schedule
 from tf_trainer.staging import stage_onto_devices
 from tf_trainer.telemetry import Telemetry
 from tf_trainer.tf_env import tf
@@ -234,6 +235,13 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             trainer.setup_graph(model.get_input_signature(), source, tower_cost, model.get_optimizer)
             if not has_gpu and not os.environ.get("FB_NOREMAP"):
                 devices.map_towers_to_cpus(graph, cfg.num_gpus)
+            schedule = Schedule.for_run(
+                cfg.warmup_steps,
+                cfg.steps,
+                cfg.repeats,
+                cfg.telemetry_every if cfg.telemetry else None,
+                bool(cfg.profile_dir),
+            )
             timer = StepTimer()
             callbacks = [timer] if cfg.input_only else [RunUpdateOps(), timer]
             if group is not None:
@@ -242,24 +250,25 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             if cfg.telemetry:
                 telemetry = Telemetry(
                     source,
-                    cfg.warmup_steps,
+                    schedule,
                     cfg.batch * cfg.num_gpus,
                     cfg.batch,
                     consumer=(lambda: flow.consumer) if flow is not None else None,
                     producers=group if path == "zmq-consume" else None,
                     sample_every=cfg.telemetry_every,
-                    total_steps=cfg.warmup_steps + cfg.steps * cfg.repeats,
                     op_counters=connection_stats,
                 )
             if cfg.profile_dir:
-                callbacks.append(ProfileSteps(os.path.join(cfg.profile_dir, path), cfg.warmup_steps, 3, telemetry))
+                callbacks.append(
+                    ProfileSteps(os.path.join(cfg.profile_dir, path), schedule.profile_start, PROFILED_STEPS, telemetry)
+                )
             if telemetry is not None:
                 callbacks.append(telemetry)
-            callbacks.append(RunProgress(path, cfg.warmup_steps, cfg.warmup_steps + cfg.steps * cfg.repeats, telemetry))
+            callbacks.append(RunProgress(path, cfg.warmup_steps, schedule.total, telemetry))
             if connection_stats is not None:
                 callbacks.append(connection_stats)
             callbacks.extend(extra_callbacks)
-            needed = cfg.warmup_steps + cfg.steps * cfg.repeats
+            needed = schedule.total
             try:
                 trainer.train(
                     callbacks=callbacks,
@@ -291,7 +300,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                     except ProducerDied as e:
                         why = f": {e}"
                 raise InputError(f"{path}: input ended after {len(timer.ends)} of {needed} steps{why}")
-            result = summarize(timer, cfg.warmup_steps, cfg.steps, cfg.repeats, cfg.batch * cfg.num_gpus, cfg.num_gpus)
+            result = summarize(timer, schedule, cfg.batch * cfg.num_gpus, cfg.num_gpus)
             result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
             if flow is not None and flow.consumer is not None:
                 # Per producer, from sequence numbers: what arrived, what went missing or came twice.

@@ -1,7 +1,10 @@
 """Per-stage telemetry of one run: what each arrow of the walk delivered, sampled cheaply every step.
 
-Input wait is measured from TensorFlow's own op timings: on a sample of the
-measured steps (every `sample_every`-th), the step runs with
+Nothing here runs inside a timed window: after each window the run takes a
+few untimed telemetry steps (as many as tracing every `sample_every`-th
+timed step would give; tf_trainer/schedule.py), and those are the steps
+sampled and traced. Input wait is measured from TensorFlow's own op timings:
+a telemetry step runs with
 `RunOptions(trace_level=FULL_TRACE)` and the step's `RunMetadata.step_stats`
 give each op's start and end. The input ops (queue dequeue, the zmq pull op,
 tf.data's IteratorGetNext, StagingArea unstage) are the ones that block when
@@ -10,9 +13,10 @@ other op does: that *exposed* input time, over the step's wall time, is the
 input share of the step (the TensorFlow profiler's convention). Input ops
 that run in parallel with compute cost nothing and are not counted.
 
-Every step also fetches the FIFOQueue size (python-queue) and each tower's
-StagingArea size, and reads the Python consumer's counters (messages, bytes,
-latency from the producers' send timestamps). Producer rates come from the
+Each telemetry step also fetches the FIFOQueue size (python-queue) and each
+tower's StagingArea size; the Python consumer's counters (messages, bytes,
+latency from the producers' send timestamps) are read when the first window
+starts and when the last one ends. Producer rates come from the
 producers' own telemetry: the native header extras on the Python paths, and
 their progress lines on zmq-consume (the native op does not expose headers).
 See docs/profiling.md for the overhead of all this.
@@ -28,6 +32,7 @@ from collections import deque
 from tensorpack.callbacks import Callback
 from tensorpack.input_source import QueueInput, StagingInput
 
+from tf_trainer.schedule import Schedule
 from tf_trainer.tf_env import tf
 
 tf = tf()
@@ -115,34 +120,31 @@ def _find(source, kind):
 
 
 class Telemetry(Callback):
-    """Samples every stage once per step; traces every `sample_every`-th measured step for input wait."""
+    """Samples every stage and traces input wait in the schedule's telemetry steps, outside the timed windows."""
 
     def __init__(
         self,
         source,
-        warmup: int,
+        schedule: Schedule,
         images_per_step: int,
         batch: int,
         consumer=None,
         producers=None,
         sample_every: int = 4,
-        total_steps: int | None = None,
         op_counters=None,
     ) -> None:
         self.source = source
-        self.warmup = warmup
+        self.schedule = schedule
         self.images_per_step = images_per_step
         self.batch = batch
         self.consumer = consumer  # a PullConsumer (python paths), or a callable returning one
         self.producers = producers  # a ProducerGroup whose stderr holds progress lines (zmq-consume)
         self.op_counters = op_counters  # zmq-consume: the op's counters, `read(session)` (trainer/run.py)
         self.sample_every = max(1, sample_every)
-        self.total_steps = total_steps  # known: read the consumer's counters at the last step only
         self.step = 0
         self.paused = False  # set by the profiler while its own trace runs (one trace at a time)
         self.queue_sizes: list[int] = []
         self.staging_sizes: list[float] = []
-        self.walls: list[float] = []
         self.traced: list[tuple[float, float]] = []  # (exposed input ms, step wall ms)
         self.recent: deque[float] = deque(maxlen=8)
         self._wire0: tuple | None = None
@@ -186,35 +188,36 @@ class Telemetry(Callback):
             return (time.perf_counter(), messages, nbytes, None, None, received)
         return None
 
-    def measuring(self) -> bool:
-        return self.step >= self.warmup
+    def _before_train(self) -> None:
+        if self.schedule.warmup == 0:
+            self._wire0 = self._wire_snapshot(self.trainer.sess)
 
     def _before_run(self, ctx):
+        self._tracing = self.schedule.telemetry(self.step)
+        if not self._tracing:
+            return None  # a warm-up, timed or profiled step: add nothing to it
         self._t0 = time.perf_counter()
-        if self.step == self.warmup:
-            self._wire0 = self._wire_snapshot(ctx.session)
-        self._tracing = self.measuring() and not self.paused and (self.step - self.warmup) % self.sample_every == 0
-        options = None
-        if self._tracing:
-            options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        options = None if self.paused else tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         return tf.compat.v1.train.SessionRunArgs(fetches=self._fetches, options=options)
 
     def _after_run(self, ctx, values) -> None:
+        step, self.step = self.step, self.step + 1
+        if step == self.schedule.warmup - 1:  # between the warm-up and the first window
+            self._wire0 = self._wire_snapshot(ctx.session)
+        if self.schedule.repeats and step == self.schedule.window(self.schedule.repeats - 1)[-1]:
+            self._wire1 = self._wire_snapshot(ctx.session)  # after the last window's last step
+        if not self._tracing:
+            return
         wall = time.perf_counter() - self._t0
         self.recent.append(wall)
         res = values.results or {}
-        if self.measuring():
-            self.walls.append(wall)
-            if "queue" in res:
-                self.queue_sizes.append(int(res["queue"]))
-            if "staging" in res:
-                self.staging_sizes.append(sum(int(x) for x in res["staging"]) / len(res["staging"]))
-            if self._tracing and values.run_metadata is not None:
-                exposed, _span = exposed_input_us(values.run_metadata.step_stats, self.input_ops)
-                self.traced.append((exposed / 1e3, wall * 1e3))
-            if self.total_steps is None or self.step == self.total_steps - 1:
-                self._wire1 = self._wire_snapshot(ctx.session)
-        self.step += 1
+        if "queue" in res:
+            self.queue_sizes.append(int(res["queue"]))
+        if "staging" in res:
+            self.staging_sizes.append(sum(int(x) for x in res["staging"]) / len(res["staging"]))
+        if values.run_metadata is not None and values.run_metadata.step_stats.dev_stats:
+            exposed, _span = exposed_input_us(values.run_metadata.step_stats, self.input_ops)
+            self.traced.append((exposed / 1e3, wall * 1e3))
 
     # --- reading -------------------------------------------------------------------------------
     def live(self) -> str:
@@ -298,7 +301,12 @@ class Telemetry(Callback):
 
     def summary(self) -> dict:
         """The telemetry block of a path's result (see docs/results.md)."""
-        out: dict = {"sampled_steps": len(self.traced), "sample_every": self.sample_every}
+        out: dict = {
+            "sampled_steps": len(self.traced),
+            "sample_every": self.sample_every,
+            # Traced and sampled steps run between the timed windows, never inside them.
+            "untimed_steps": self.schedule.repeats * self.schedule.traced,
+        }
         if self.traced:
             waits = [w for w, _ in self.traced]
             walls = [s for _, s in self.traced]

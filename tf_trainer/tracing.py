@@ -26,12 +26,12 @@ tf = tf()
 
 
 class ProfileSteps(Callback):
-    """Profiles `steps` steps right after the warm-up, then traces one more step into a timeline."""
+    """Profiles `steps` steps from step `first` (after the timed windows), then traces one more into a timeline."""
 
-    def __init__(self, logdir: str, warmup: int, steps: int = 3, telemetry=None) -> None:
+    def __init__(self, logdir: str, first: int, steps: int = 3, telemetry=None) -> None:
         self.logdir = logdir
-        self.first = warmup
-        self.last = warmup + steps - 1  # inclusive
+        self.first = first
+        self.last = first + steps - 1  # inclusive
         self.timeline_step = self.last + 1
         self.telemetry = telemetry
         self.step = 0
