@@ -52,7 +52,9 @@ def imports_of(module: str) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from pkg import mod` imports pkg.mod; `from pkg import name` imports pkg itself.
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names]
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+            ]
         found |= {n for n in names if n in known and n != module}
     return found
 
