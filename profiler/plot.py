@@ -16,38 +16,38 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from core.config import ALL_PATHS, BASELINE  # noqa: E402
+from core.registry import BASELINE  # noqa: E402
 
 WIDTH_IN, ROW_IN, DPI = 13.0, 4.5, 100
-
-
-def size_px(rows: list[dict]) -> tuple[int, int]:
-    """The PNG's width and height in pixels for these rows."""
-    return int(WIDTH_IN * DPI), int(ROW_IN * len(_variants(rows)) * DPI)
 
 
 def _variants(rows: list[dict]) -> list[tuple]:
     return sorted({(r["batch"], r["use_fp16"], r["use_xla_compile"]) for r in rows})
 
 
-def _order(paths: set[str]) -> list[str]:
-    known = [p for p in ALL_PATHS if p in paths]
+def _order(paths: set[str], path_order: list[str]) -> list[str]:
+    known = [p for p in path_order if p in paths]
     return known + sorted(paths - set(known))
 
 
-def plot_png(rows: list[dict], title: str = "") -> bytes:
+def plot_png(rows: list[dict], title: str = "", path_order: list[str] | None = None) -> bytes:
     """The figure as PNG bytes (the caller writes it atomically)."""
     variants = _variants(rows)
     fig, axes = plt.subplots(
         len(variants), 2, figsize=(WIDTH_IN, ROW_IN * len(variants)), dpi=DPI, squeeze=False,
         gridspec_kw={"width_ratios": [2.2, 1]},
     )  # fmt: skip
-    colors = {p: plt.get_cmap("tab10")(i) for i, p in enumerate(ALL_PATHS)}
+    path_order = path_order or list(dict.fromkeys(r["path"] for r in rows))
+    # Colours by the registry's order, so a path keeps its colour from one plot to the next.
+    colors = {
+        p: plt.get_cmap("tab10")(i)
+        for i, p in enumerate([*path_order, *sorted({r["path"] for r in rows} - set(path_order))])
+    }
     for row_axes, (batch, fp16, xla) in zip(axes, variants):
         ax, ax2 = row_axes
         sub = [r for r in rows if (r["batch"], r["use_fp16"], r["use_xla_compile"]) == (batch, fp16, xla)]
         devices = sorted({r["num_gpus"] for r in sub})
-        paths = _order({r["path"] for r in sub})
+        paths = _order({r["path"] for r in sub}, path_order)
         width = 0.8 / len(paths)
         top = max(r["images_per_sec_max"] for r in sub)
         for gi, n in enumerate(devices):

@@ -14,6 +14,7 @@ import time
 import numpy as np
 from tensorpack.callbacks import Callback
 
+from profiler.progress import RunProgress
 from profiler.summary import Summary
 from tf_trainer.schedule import Schedule
 from tf_trainer.tf_env import tf
@@ -75,3 +76,19 @@ def summarize(timer: StepTimer, schedule: Schedule, images_per_step: int, towers
         "steps_run": len(timer.ends),
         "schedule": schedule.to_dict(),
     }
+
+
+class Progress(Callback):
+    """The run's progress bar (profiler/progress.py), stepped by the training loop."""
+
+    def __init__(self, progress: RunProgress) -> None:
+        self.progress = progress
+
+    def _before_train(self) -> None:
+        self.progress.begin()
+
+    def _trigger_step(self) -> None:
+        self.progress.step()
+
+    def _after_train(self) -> None:
+        self.progress.end()

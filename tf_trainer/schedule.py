@@ -30,6 +30,12 @@ class Schedule:
         traced = math.ceil(steps / max(1, telemetry_every)) if telemetry_every else 0
         return cls(warmup, steps, repeats, traced, PROFILED_STEPS + 1 if profile else 0)
 
+    @classmethod
+    def of(cls, cfg) -> Schedule:
+        """The schedule of a run configured by `cfg` (a BenchConfig)."""
+        every = cfg.telemetry_every if cfg.telemetry else None
+        return cls.for_run(cfg.warmup_steps, cfg.steps, cfg.repeats, every, bool(cfg.profile_dir))
+
     @property
     def total(self) -> int:
         return self.warmup + self.repeats * (self.steps + self.traced) + self.profiled
