@@ -89,6 +89,10 @@ def parse_args(argv: list[str], paths: dict):
     g.add_argument(
         "--dali-threads", type=positive_int, default=1, help="threads of each DALI pipeline (dali producers, dali path)"
     )
+    g.add_argument(
+        "--dali-device", choices=("cpu", "gpu"),
+        help="where DALI decodes, in the dali path and the dali producers alike (default: gpu when there is one)",
+    )  # fmt: skip
     g.add_argument("--wire-format", choices=("native", "zmq_ops"), default="native", help="wire format (docs/wire.md)")
     g.add_argument("--endpoint", help="use an external producer: bind this endpoint and wait for it")
     g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ high-water mark, in batches")
@@ -177,6 +181,8 @@ def check_machine(cfg, gpus: int) -> None:
 
     if gpus and cfg.num_gpus > gpus:
         raise ConfigError(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
+    if not gpus and cfg.dali_device == "gpu":
+        raise ConfigError("--dali-device gpu: no GPU here; DALI decodes on the CPU (--dali-device cpu)")
     if not gpus and cfg.num_gpus > (os.cpu_count() or 1):
         raise ConfigError(
             f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
@@ -251,6 +257,8 @@ def _run(cfg, has_gpu: bool) -> tuple[float, dict[str, dict]]:
         f"{cfg.variable_update}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
         flush=True,
     )
+    if "dali" in cfg.paths or cfg.producer_kind == "dali":
+        print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
     results: dict[str, dict] = {}
     started = time.time()
     for path in cfg.paths:

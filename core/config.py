@@ -37,6 +37,7 @@ class BenchConfig:
     producer_workers: int = 1
     producer_kind: str = "synthetic"  # synthetic, decode or dali
     dali_threads: int = 1  # threads of the in-process DALI pipeline (the dali path)
+    dali_device: str | None = None  # where DALI decodes, in the dali path and the dali producers: cpu or gpu
     data: str | None = None
     wire_format: str = "native"
     endpoint: str | None = None  # an external producer's endpoint (the run binds it and waits)
@@ -75,6 +76,8 @@ def apply_defaults(cfg: BenchConfig, gpus: int) -> list[str]:
         cfg.num_gpus = gpus if has_gpu else min(2, os.cpu_count() or 1)
     if cfg.data_format is None:
         cfg.data_format = "NCHW" if has_gpu else "NHWC"
+    if cfg.dali_device is None:
+        cfg.dali_device = "gpu" if has_gpu else "cpu"
     if cfg.shrunk:
         what = ", ".join(f"{k.replace('_', '-')} {a}->{b}" for k, (a, b) in cfg.shrunk.items())
         notes.append(

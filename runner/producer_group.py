@@ -127,6 +127,7 @@ def producer_command(
     rate: float | None = None,
     stats_file: str | None = None,
     dali_threads: int = 1,
+    dali_device: str | None = None,
 ) -> list[str]:
     """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
@@ -143,7 +144,16 @@ def producer_command(
     if kind == "dali":
         extra += ["--dali-threads", str(dali_threads)]
     return commands.producer_command(
-        kind, endpoint, batch, image_size, data=data, workers=workers, fmt=fmt, quiet=True, extra=extra
+        kind,
+        endpoint,
+        batch,
+        image_size,
+        data=data,
+        workers=workers,
+        fmt=fmt,
+        quiet=True,
+        extra=extra,
+        dali_device=dali_device or "cpu",
     )
 
 
@@ -165,6 +175,7 @@ def start_producers(cfg: Any, endpoint: str, folder: str) -> ProducerGroup:
             rate=cfg.producer_rate,
             stats_file=stats[i],
             dali_threads=cfg.dali_threads,
+            dali_device=cfg.dali_device,
         )
         for i in range(cfg.producers)
     ]
