@@ -27,6 +27,8 @@ from tf_trainer.tf_env import tf
 
 tf = tf()
 
+TOWER_INPUTS = "feedbench_tower_inputs"  # graph collection: the batch each tower's model reads, tower by tower
+
 # Ops that create a variable's storage: where they go, the variable lives.
 VARIABLE_OPS = frozenset({"Variable", "VariableV2", "AutoReloadVariable", "VarHandleOp"})
 

@@ -177,6 +177,7 @@ def build(
         source = path.build(specs, has_gpu)
 
         def tower_cost(*inputs):
+            tf.compat.v1.add_to_collection(placement.TOWER_INPUTS, list(inputs))  # each tower's batch, in order
             cost = model.build_graph(*inputs)
             if get_current_tower_context().index == 0:
                 tf.compat.v1.add_to_collection(COST_COLLECTION, cost)
