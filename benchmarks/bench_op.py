@@ -43,6 +43,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 
 import zmq_ops  # noqa: E402
+from benchmarks.memcpy import memcpy_bandwidth  # noqa: E402
 from wire import message  # noqa: E402
 from wire.endpoints import free_tcp_port  # noqa: E402
 
@@ -92,16 +93,8 @@ class Row:
 
 
 def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 7) -> float:
-    """Single-core memcpy bandwidth (bytes copied per second), median of repeats."""
-    src = np.ones(nbytes, np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # fault the pages in
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t)
-    return nbytes / statistics.median(times) / 1e9
+    """Single-core memcpy bandwidth in GB/s, median of repeats (the same reference as bench_wire)."""
+    return memcpy_bandwidth(nbytes, repeats).median / 1e9
 
 
 @contextmanager
@@ -145,7 +138,7 @@ def producer(ep: str, fmt: str, cfg: Config) -> Iterator[None]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if project_producer_works():
         args = ["-m", "producers", "synthetic", "--endpoint", ep, "--batch", str(cfg.batch), "--image-size",
-                str(cfg.image_size), "--format", fmt, "--quiet", "--hwm", "4"]  # fmt: skip
+                str(cfg.image_size), "--wire-format", fmt, "--quiet", "--hwm", "4"]  # fmt: skip
     else:
         args = ["-c", PRIVATE_SENDER, ep, fmt, str(cfg.batch), str(cfg.image_size)]
     proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, start_new_session=True)

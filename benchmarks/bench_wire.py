@@ -27,7 +27,7 @@ def start_producer(
     endpoint: str, fmt: str, count: int, batch: int, image_size: int, workers: int = 1
 ) -> subprocess.Popen:
     """A real `python -m producers synthetic` process pushing to `endpoint`."""
-    cmd = [sys.executable, "-m", "producers", "synthetic", "--endpoint", endpoint, "--format", fmt]
+    cmd = [sys.executable, "-m", "producers", "synthetic", "--endpoint", endpoint, "--wire-format", fmt]
     cmd += ["--count", str(count), "--batch", str(batch), "--image-size", str(image_size)]
     cmd += ["--workers", str(workers), "--quiet", "--give-up-after", "30"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
