@@ -44,7 +44,6 @@ class _Quiet(logging.Filter):
 
     NOISE = (
         "Training failed at global_step",
-        "Exception in EnqueueThread",  # python-queue's feeding thread: the run reports the cause in one line
         "non-trainable",  # batch-norm statistics live on the first tower only, as in tensorpack's BatchNorm
         "not built with CUDA",
         "GPU",
