@@ -12,11 +12,10 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
-from tensorpack.dataflow import DataFlow
+from tensorpack.dataflow import DataFlow, DataFlowTerminated
 
 from consumers.expect import BatchSpec
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
-from core.errors import InputError
 from profiler.telemetry import producer_figures
 from tf_trainer.inputs.base import TFInputPath
 from wire.errors import WireError
@@ -36,16 +35,16 @@ class PullFlow(DataFlow):
                 batch = self.consumer.recv()
             except ReceiveTimeout:
                 self.error = f"no batch within {self.consumer.recv_timeout:g} s"
-                raise
             except WireError as e:
                 self.error = str(e)
-                raise
-            wrong = self.expected.mismatch(batch.arrays) if self.expected is not None else None
-            if wrong:
-                # Ends the stream (the queue closes, the dataset fails): the run stops at this step.
-                producer = f" from producer {batch.header.producer_id}" if batch.header is not None else ""
-                self.error = f"batch{producer} {wrong}"
-                raise InputError(self.error)
+            if self.error is None and self.expected is not None:
+                wrong = self.expected.mismatch(batch.arrays)
+                if wrong:
+                    producer = f" from producer {batch.header.producer_id}" if batch.header is not None else ""
+                    self.error = f"batch{producer} {wrong}"
+            if self.error:
+                # tensorpack's way to end a stream quietly; the run reports `error` in one line.
+                raise DataFlowTerminated(self.error)
             yield batch.arrays
 
 
