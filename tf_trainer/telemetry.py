@@ -68,11 +68,17 @@ class Telemetry(Callback):
                 self._fetches[s.name] = f
 
     def _before_train(self) -> None:
-        if self.schedule.warmup == 0:
+        sched = self.schedule
+        # Looked up, not computed, in every step: a timed step pays two set lookups here.
+        self._traced_steps = frozenset(i for i in range(sched.total) if sched.telemetry(i))
+        self._snapshots = {sched.warmup - 1: 0}  # between the warm-up and the first window
+        if sched.repeats:
+            self._snapshots[sched.window(sched.repeats - 1)[-1]] = 1  # after the last window's last step
+        if sched.warmup == 0:
             self._window[0] = self.path.counters(self.trainer.sess)
 
     def _before_run(self, ctx):
-        self._tracing = self.schedule.telemetry(self.step)
+        self._tracing = self.step in self._traced_steps
         if not self._tracing:
             return None  # a warm-up, timed or profiled step: add nothing to it
         self._t0 = time.perf_counter()
@@ -81,11 +87,9 @@ class Telemetry(Callback):
 
     def _after_run(self, ctx, values) -> None:
         step, self.step = self.step, self.step + 1
-        sched = self.schedule
-        if step == sched.warmup - 1:  # between the warm-up and the first window
-            self._window[0] = self.path.counters(ctx.session)
-        if sched.repeats and step == sched.window(sched.repeats - 1)[-1]:  # after the last window
-            self._window[1] = self.path.counters(ctx.session)
+        slot = self._snapshots.get(step)
+        if slot is not None:
+            self._window[slot] = self.path.counters(ctx.session)
         if not self._tracing:
             return
         wall = time.perf_counter() - self._t0
@@ -115,7 +119,7 @@ class Telemetry(Callback):
             "sampled_steps": len(self.traced),
             "sample_every": self.sample_every,
             # Traced and sampled steps run between the timed windows, never inside them.
-            "untimed_steps": self.schedule.repeats * self.schedule.traced,
+            "untimed_steps": self.schedule.repeats * (self.schedule.traced + self.schedule.settle),
         }
         out.update(input_wait_figures(self.traced))
         out.update(dict.fromkeys(STAGES))
