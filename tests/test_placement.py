@@ -234,3 +234,29 @@ def test_dali_decoding_on_the_gpu_makes_each_towers_dataset_and_iterator_there(j
         assert sorted(op.device for op in ops) == [gpu(k) for k in range(n)], kind
     datasets = sorted((op for op in g.get_operations() if op.type == "DALIDataset"), key=lambda op: op.device)
     assert [op.get_attr("device_id") for op in datasets] == list(range(n))
+
+
+def test_one_dali_device_for_the_path_and_the_producers(jpegs, tmp_path):
+    """--dali-device reaches both DALI paths; the default is the GPU where there is one."""
+    from runner.producer_group import start_producers
+
+    cfg = BenchConfig(paths=["zmq-consume"], producer_kind="dali", data=jpegs, producers=1)
+    apply_defaults(cfg, 2)
+    assert cfg.dali_device == "gpu"
+    apply_defaults(cpu_only := BenchConfig(paths=["dali"]), 0)
+    assert cpu_only.dali_device == "cpu"
+    group = start_producers(cfg, f"ipc://{tmp_path}/feed", str(tmp_path))
+    try:
+        cmd = group.commands[0]
+        assert cmd[cmd.index("--dali-device") + 1] == "gpu"
+    finally:
+        group.stop()
+
+
+def test_dali_on_the_gpu_without_one_is_one_clear_error(procs, jpegs):
+    p = procs.start("bench_input.py", "--fake-location", "dali", "--data", jpegs, "--dali-device", "gpu")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2
+    assert [ln for ln in err.splitlines() if ln.startswith("error")] == [
+        "error: --dali-device gpu: no GPU here; DALI decodes on the CPU (--dali-device cpu)"
+    ]
