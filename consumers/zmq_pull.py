@@ -15,7 +15,7 @@ import zmq
 
 from consumers.accounting import SeqTracker
 from wire import curve, message
-from wire.endpoints import attach
+from wire.endpoints import attach, release
 
 
 class ReceiveTimeout(TimeoutError):
@@ -49,10 +49,12 @@ class PullConsumer:
         if max_msg_size:
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
         self._auth = None
+        self._bound = False  # only a socket file this consumer created is removed on close
         try:
             if curve_keys:
                 self._auth = curve.secure(self._sock, curve_keys, server=bind)
             attach(self._sock, endpoint, bind, allow_remote)
+            self._bound = bind
         except BaseException:
             self.close()
             raise
@@ -88,6 +90,9 @@ class PullConsumer:
 
     def close(self) -> None:
         self._sock.close(0)
+        if self._bound:
+            release(self.endpoint, bind=True)
+            self._bound = False
         if self._auth is not None:
             self._auth.stop()
             self._auth = None

@@ -9,7 +9,7 @@ from producers import launcher
 from producers.sender import SendConfig
 from producers.synthetic import SyntheticSource
 from wire import curve
-from wire.endpoints import EndpointError, check
+from wire.endpoints import EndpointError, check, check_reachable
 from wire.message import FORMATS
 
 
@@ -60,6 +60,7 @@ def run_producer(source, args: argparse.Namespace, describe: str) -> int:
     """Check the endpoint up front, then run the workers; one line on any error."""
     try:
         check(args.endpoint, args.bind, args.allow_remote)
+        check_reachable(args.endpoint)
         if args.bind and args.workers > 1:
             raise EndpointError(
                 f"endpoint {args.endpoint!r}: --bind takes one worker; with --workers {args.workers}, "
