@@ -8,20 +8,30 @@ what they are here to measure against the native op.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import numpy as np
-from tensorpack.dataflow import DataFlow
+from tensorpack.dataflow import DataFlow, DataFlowTerminated
 from tensorpack.input_source import QueueInput, TFDatasetInput
 
-from consumers.zmq_pull import PullConsumer
+from consumers.zmq_pull import PullConsumer, ReceiveStopped, ReceiveTimeout
+from core.errors import InputError
 from trainer.tf_env import tf
+from wire.errors import WireError
 
 tf = tf()
 
 
 class PullFlow(DataFlow):
-    """A tensorpack DataFlow over a PullConsumer; the socket is opened lazily in the feeding thread."""
+    """A tensorpack DataFlow over a PullConsumer; the socket is opened lazily in the feeding thread.
+
+    The feeding thread (tensorpack's enqueue thread, or tf.data's generator)
+    is no place to raise: one prints a traceback and the other wraps the
+    error into UnknownError. So a bad message or a receive timeout is kept
+    in `error`, as the one line the run reports, and the flow just ends; the
+    run sees its input end within a step and raises `error`.
+    """
 
     def __init__(
         self,
@@ -31,7 +41,10 @@ class PullFlow(DataFlow):
         max_msg_size: int | None = None,
         allow_remote: bool = False,
         curve_keys: str | None = None,
+        name: str = "python",
     ) -> None:
+        self.name = name
+        self.error: InputError | None = None
         self.endpoint = endpoint
         self.curve_keys = curve_keys
         self.allow_remote = allow_remote
@@ -39,6 +52,8 @@ class PullFlow(DataFlow):
         self.recv_timeout = recv_timeout
         self.max_msg_size = max_msg_size
         self.consumer: PullConsumer | None = None
+        self._closing = threading.Event()
+        self._receiving = threading.Lock()
 
     def open(self) -> PullConsumer:
         """Bind now, so producers can connect before the graph runs."""
@@ -56,13 +71,27 @@ class PullFlow(DataFlow):
 
     def __iter__(self) -> Iterator[list[np.ndarray]]:
         consumer = self.open()
-        while True:
-            yield consumer.recv().arrays
+        while self.error is None and not self._closing.is_set():
+            with self._receiving:  # close() waits for this, so the socket is never closed under a recv
+                try:
+                    batch = consumer.recv(stop=self._closing.is_set)
+                except ReceiveStopped:
+                    break
+                except WireError as e:
+                    self.error = InputError(f"{self.name}: {self.endpoint}: {e}")
+                    break
+                except ReceiveTimeout:
+                    self.error = InputError(f"{self.name}: {self.endpoint}: no batch within {self.recv_timeout:g} s")
+                    break
+            yield batch.arrays
+        raise DataFlowTerminated(str(self.error or "closed"))
 
     def close(self) -> None:
-        if self.consumer is not None:
-            self.consumer.close()
-            self.consumer = None
+        self._closing.set()
+        with self._receiving:
+            if self.consumer is not None:
+                self.consumer.close()
+                self.consumer = None
 
 
 def python_queue_input(flow: PullFlow, capacity: int = 8) -> QueueInput:
@@ -76,8 +105,11 @@ def python_dataset_input(flow: PullFlow, batch: int, image_size: int, prefetch: 
     shapes = ((batch, image_size, image_size, 3), (batch,))
 
     def gen():
-        for arrays in flow:
-            yield tuple(arrays)
+        try:
+            for arrays in flow:
+                yield tuple(arrays)
+        except DataFlowTerminated:  # flow.error says why; the run raises it when the input ends
+            return
 
     ds = tf.data.Dataset.from_generator(gen, output_types=(tf.uint8, tf.int32), output_shapes=shapes)
     return TFDatasetInput(ds.prefetch(prefetch))

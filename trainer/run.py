@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 
 from tensorpack.callbacks import Callback, RunUpdateOps
 from tensorpack.tfutils.sesscreate import NewSessionCreator
@@ -16,16 +15,20 @@ from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTra
 from consumers.constant import cpu_synthetic_input, on_device_input
 from consumers.python_feed import PullFlow, python_dataset_input, python_queue_input
 from consumers.zmq_op import zmq_op_input
+from core.errors import InputError
 from feeders.staging import stage_onto_devices
 from profiler.progress import RunProgress
 from profiler.telemetry import Telemetry
 from profiler.tracing import ProfileSteps
-from trainer import devices, shutdown
+from trainer import devices
 from trainer.config import BenchConfig
 from trainer.input_only import InputOnlyModel
 from trainer.measure import COST_COLLECTION, StepTimer, summarize
-from trainer.producer_group import ProducerDied, ProducerGroup, producer_command
+from trainer.producer_group import ProducerDied, ProducerGroup, RunDir, producer_command
 from trainer.tf_env import tf
+from wire.endpoints import release
+
+PRODUCER_PATHS = ("python-queue", "python-dataset", "zmq-consume")
 
 tf = tf()
 
@@ -55,21 +58,29 @@ _log.setLevel(logging.WARNING)
 _log.addFilter(_Quiet())
 
 
-class InputError(RuntimeError):
-    """The input path could not deliver the batches the run needed; the message says which and why."""
-
-
 class _WatchProducers(Callback):
-    """Notices a dead producer at the next step, instead of waiting for a receive timeout.
+    """Stops training at once when the producer group fails, instead of waiting for a receive timeout.
 
-    With `on_exit="stop"` the run fails naming it; with "continue" it says so
-    once and trains on with the others, failing only when none is left.
+    The group's watcher thread closes the session, which cancels a step
+    blocked on input; the step then fails and the run reports the producer's
+    own line. With `on_exit="continue"` a dead producer is reported once at
+    the next step and the run trains on with the others.
     """
 
     def __init__(self, group: ProducerGroup, on_exit: str) -> None:
         self.group = group
         self.on_exit = on_exit
         self.reported: set[int] = set()
+
+    def _cancel(self) -> None:
+        self.trainer.sess.close()
+
+    def _before_train(self) -> None:
+        self.group.on_failure(self._cancel)
+        self.group.check()
+
+    def _after_train(self) -> None:
+        self.group.remove_on_failure(self._cancel)
 
     def _trigger_step(self) -> None:
         if self.on_exit == "stop":
@@ -104,6 +115,8 @@ class _ConnectionStats(Callback):
         return [dict(zip(keys, map(int, row), strict=True)) for row in rows], int(totals[0]), int(totals[1])
 
     def _after_train(self) -> None:
+        if getattr(self.trainer.sess, "_closed", False):  # a failed input closed it: the run reports why
+            return
         self.producers, self.messages, _ = self.read(self.trainer.sess)
 
 
@@ -117,6 +130,25 @@ def expected_message_size(batch: int, image_size: int) -> int:
 
 
 _ROOT_ERROR = re.compile(r"^\(\d+\) [A-Z_]+: *(.+)$")
+
+
+def op_text(e: Exception, endpoint: str) -> str:
+    """What the op said was wrong, without its own mention of the endpoint (the run's line names it)."""
+    text = op_message(e)
+    for said in (f" from ZMQ endpoint {endpoint}", f" from {endpoint}", f"ZMQ endpoint {endpoint}: "):
+        text = text.replace(said, "")
+    return text
+
+
+def _raise_cause(path: str, endpoint: str, group: ProducerGroup | None, flow: PullFlow | None) -> None:
+    """Raise InputError naming why the input stopped, if a producer or the wire has said."""
+    if group is not None:
+        try:
+            group.check()
+        except ProducerDied as e:
+            raise InputError(f"{path}: {e}") from None
+    if flow is not None and flow.error is not None:
+        raise flow.error from None
 
 
 def op_message(e: Exception) -> str:
@@ -159,7 +191,8 @@ def make_trainer(cfg: BenchConfig):
     raise ValueError(f"--variable-update {cfg.variable_update!r} is not supported here")
 
 
-def _producers(cfg: BenchConfig, endpoint: str, path: str = "") -> ProducerGroup | None:
+def _producers(cfg: BenchConfig, endpoint: str, path: str, run_dir: RunDir | None) -> ProducerGroup | None:
+    """The run's producers, not yet started (None with an external producer)."""
     if cfg.endpoint:
         print(f"  waiting for an external producer to connect to {endpoint}", flush=True)
         return None
@@ -181,7 +214,7 @@ def _producers(cfg: BenchConfig, endpoint: str, path: str = "") -> ProducerGroup
         )
         for i in range(cfg.producers)
     ]
-    return ProducerGroup(cmds, endpoint).start()
+    return ProducerGroup(cmds, endpoint, cfg.on_producer_exit, run_dir.name if run_dir else None)
 
 
 def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[Callback] = ()) -> dict:
@@ -191,9 +224,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
     """
     if cfg.max_msg_size is None:
         cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
-    tmp = tempfile.TemporaryDirectory(prefix="feedbench-")
-    shutdown.register(tmp.cleanup)
-    endpoint = cfg.endpoint or f"ipc://{tmp.name}/{path}"
+    # The run's socket folder is made only for a path with producers, right before they start.
+    run_dir = None if cfg.endpoint or path not in PRODUCER_PATHS else RunDir()
+    endpoint = cfg.endpoint or (run_dir.endpoint(path) if run_dir else "")
     connection_stats: _ConnectionStats | None = None
     group: ProducerGroup | None = None
     flow: PullFlow | None = None
@@ -205,9 +238,12 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             elif path == "cpu":
                 source = stage_onto_devices(cpu_synthetic_input(cfg.batch, cfg.image_size))
             elif path in ("python-queue", "python-dataset"):
-                flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys)
-                flow.open()
-                group = _producers(cfg, endpoint, path)
+                flow = PullFlow(
+                    endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys, name=path
+                )
+                if cfg.endpoint:
+                    flow.open()  # bind now: the external producer may connect while the graph is built
+                group = _producers(cfg, endpoint, path, run_dir)
                 if path == "python-queue":
                     source = stage_onto_devices(python_queue_input(flow))
                 else:
@@ -216,7 +252,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 pulled = zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
                 connection_stats = _ConnectionStats(pulled.zmq_socket)
                 source = stage_onto_devices(pulled)
-                group = _producers(cfg, endpoint, path)
+                group = _producers(cfg, endpoint, path, run_dir)
             elif path == "dali":
                 from consumers.dali_tf import dali_dataset_input
 
@@ -263,6 +299,12 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 callbacks.append(connection_stats)
             callbacks.extend(extra_callbacks)
             needed = cfg.warmup_steps + cfg.steps * cfg.repeats
+            if run_dir is not None:
+                run_dir.make()
+            if flow is not None:
+                flow.open()
+            if group is not None:
+                group.start()
             try:
                 trainer.train(
                     callbacks=callbacks,
@@ -273,20 +315,20 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                     starting_epoch=1,
                     max_epoch=1,
                 )
-            except tf.errors.DeadlineExceededError as e:
-                raise InputError(f"{path}: {op_message(e)}") from None
-            except ProducerDied as e:
-                raise InputError(f"{path}: {e}") from None
+            except Exception as e:
+                # The cause, not the symptom: a dead producer or a bad message ends the step with
+                # a cancelled session or a closed queue; report what the producer or the wire said.
+                _raise_cause(path, endpoint, group, flow)
+                if isinstance(e, ProducerDied):
+                    raise InputError(f"{path}: {e}") from None
+                if isinstance(e, (tf.errors.DeadlineExceededError, tf.errors.InvalidArgumentError)) and (
+                    path == "zmq-consume"
+                ):
+                    raise InputError(f"{path}: {endpoint}: {op_text(e, endpoint)}") from None
+                raise
             if len(timer.ends) < needed:
-                why = ""
-                if flow is not None and flow.consumer is not None:
-                    why = f": no batch from {endpoint} within {cfg.recv_timeout:g} s"
-                if group is not None:
-                    try:
-                        group.check()
-                    except ProducerDied as e:
-                        why = f": {e}"
-                raise InputError(f"{path}: input ended after {len(timer.ends)} of {needed} steps{why}")
+                _raise_cause(path, endpoint, group, flow)
+                raise InputError(f"{path}: {endpoint}: input ended after {len(timer.ends)} of {needed} steps")
             result = summarize(timer, cfg.warmup_steps, cfg.steps, cfg.repeats, cfg.batch * cfg.num_gpus, cfg.num_gpus)
             result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
             if flow is not None and flow.consumer is not None:
@@ -309,5 +351,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             group.stop()
         if flow is not None:
             flow.close()
-        shutdown.unregister(tmp.cleanup)
-        tmp.cleanup()
+        if run_dir is not None:
+            run_dir.remove()
+        elif cfg.endpoint and path == "zmq-consume":
+            release(cfg.endpoint, bind=True)  # the op bound it; ZMQ leaves the socket file behind
