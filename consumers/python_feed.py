@@ -86,6 +86,10 @@ class PullFlow(DataFlow):
             yield batch.arrays
         raise DataFlowTerminated(str(self.error or "closed"))
 
+    def interrupt(self) -> None:
+        """Make a waiting receive return at once (from any thread); the flow then ends."""
+        self._closing.set()
+
     def close(self) -> None:
         self._closing.set()
         with self._receiving:

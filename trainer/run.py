@@ -304,6 +304,8 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             if flow is not None:
                 flow.open()
             if group is not None:
+                if flow is not None:
+                    group.on_failure(flow.interrupt)  # a feeding thread waiting in recv stops waiting
                 group.start()
             try:
                 trainer.train(
