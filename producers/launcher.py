@@ -13,6 +13,7 @@ report over pipes and watch a lock-free shared flag instead.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -23,6 +24,7 @@ from multiprocessing.connection import Connection, wait
 
 from tqdm import tqdm
 
+from core.atomic import atomic_write
 from producers import parent, sender
 from producers.sender import Counters, SendConfig, Source
 from wire.curve import CurveError
@@ -80,11 +82,14 @@ def launch(
     workers: int = 1,
     progress: bool = True,
     describe: str = "",
+    stats_file: str | None = None,
 ) -> int:
     """Run `workers` senders until they finish or a signal arrives; returns the exit code.
 
     `cfg.count` is the total number of batches across workers. Worker i sends
     as producer id `cfg.producer_id + i`, so the consumer can account for each.
+    `stats_file` gets the producer's figures once a second (see `rates`), for
+    consumers that see no native headers (the zmq op).
     """
     if cfg.bind and workers > 1:
         # N workers cannot bind one endpoint; let the consumer bind and the workers connect.
@@ -110,7 +115,7 @@ def launch(
             writer.close()  # the worker holds the only writer: its end of file means it is gone
             procs.append(p)
             readers.append(reader)
-        return _supervise(procs, readers, stop, shared, cfg, workers, progress, describe, interrupted)
+        return _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupted, stats_file)
     finally:
         stop.value = 1
         for p in procs:
@@ -123,11 +128,24 @@ def launch(
             r.close()
         for s, h in old.items():
             signal.signal(s, h)
-        parent.clean_run_dir()  # only when the run that started us has died
+        parent.clean_run_dir(own=[stats_file] if stats_file else [])  # only when the run that started us died
 
 
-def _supervise(procs, readers, stop, shared, cfg, workers, progress, describe, interrupted) -> int:
-    """Print progress until the workers end; turn worker reports into one exit code."""
+def rates(now: dict[str, float], before: dict[str, float], dt: float) -> dict[str, float]:
+    """The producer's figures between two counter totals `dt` seconds apart (what --stats-file holds)."""
+    db = now["batches"] - before["batches"]
+    return {
+        "batches_per_sec": db / dt,
+        "images_per_sec": (now["images"] - before["images"]) / dt,
+        "bytes_per_sec": (now["bytes"] - before["bytes"]) / dt,
+        "send_latency_ms": 1e3 * (now["send_wait_s"] - before["send_wait_s"]) / max(db, 1),
+        "batches": now["batches"],
+        "time": time.time(),
+    }
+
+
+def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupted, stats_file) -> int:
+    """Print progress (and write the stats file) until the workers end; turn worker reports into one exit code."""
     code = sender.DONE
     bar = None
     if progress:
@@ -158,15 +176,16 @@ def _supervise(procs, readers, stop, shared, cfg, workers, progress, describe, i
             time.sleep(0.2)
             drain()
             now, tot = time.perf_counter(), Counters.totals(shared)
-            if bar is not None and now - last_t >= 1.0:
-                dt = now - last_t
-                db = tot["batches"] - last["batches"]
-                bar.update(int(tot["batches"]) - bar.n)
-                bar.set_postfix_str(
-                    f"{db / dt:.1f} batch/s, {(tot['images'] - last['images']) / dt:.0f} img/s, "
-                    f"{(tot['bytes'] - last['bytes']) / dt / 1e6:.0f} MB/s, "
-                    f"send latency {1e3 * (tot['send_wait_s'] - last['send_wait_s']) / max(db, 1):.1f} ms"
-                )
+            if now - last_t >= 1.0:
+                r = rates(tot, last, now - last_t)
+                if stats_file:
+                    atomic_write(stats_file, json.dumps(r))
+                if bar is not None:
+                    bar.update(int(tot["batches"]) - bar.n)
+                    bar.set_postfix_str(
+                        f"{r['batches_per_sec']:.1f} batch/s, {r['images_per_sec']:.0f} img/s, "
+                        f"{r['bytes_per_sec'] / 1e6:.0f} MB/s, send latency {r['send_latency_ms']:.1f} ms"
+                    )
                 last_t, last = now, tot
     finally:
         if bar is not None:

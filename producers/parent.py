@@ -58,10 +58,18 @@ def gone() -> bool:
     return _expected is not None and os.getppid() != _expected
 
 
-def clean_run_dir() -> None:
-    """Remove the dead run's socket files and then its folder, if empty; nothing else."""
+def clean_run_dir(own: list[str] = ()) -> None:
+    """Remove the dead run's socket files, this producer's `own` files, then the folder if empty; nothing else.
+
+    Every producer does this; whichever removes the last of its files also removes the folder.
+    """
     if not _run_dir or not gone():
         return
+    for path in own:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
     try:
         names = os.listdir(_run_dir)
     except OSError:

@@ -24,10 +24,10 @@ import zmq
 from conftest import descendants
 
 from consumers.zmq_pull import PullConsumer
+from core.config import BenchConfig, apply_defaults
 from core.errors import InputError
-from trainer.config import BenchConfig, apply_defaults
-from trainer.producer_group import ProducerGroup, producer_command
-from trainer.run import run_path
+from runner.producer_group import ProducerGroup, producer_command
+from tf_trainer.run import run_path
 from wire import message
 from wire.endpoints import EndpointError
 
@@ -43,11 +43,18 @@ def small(**kw) -> BenchConfig:
     return cfg
 
 
+def _is_producer_of(p: psutil.Process, pid: int) -> bool:
+    try:
+        return p.ppid() == pid and "producers" in " ".join(p.cmdline())
+    except psutil.Error:  # gone, or a zombie not yet reaped
+        return False
+
+
 def producers_of(pid: int, n: int, timeout: float = 90) -> list[psutil.Process]:
     """The run's producer processes (not their workers), once n of them are up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        tops = [p for p in descendants(pid) if p.ppid() == pid and "producers" in " ".join(p.cmdline())]
+        tops = [p for p in descendants(pid) if _is_producer_of(p, pid)]
         if len(tops) >= n:
             return tops
         time.sleep(0.1)
@@ -67,12 +74,16 @@ def kill_all(ps: list[psutil.Process]) -> None:
 
 def test_a_trainer_killed_with_sigkill_takes_its_producers_and_socket_folder_with_it(procs, ipc_dir):
     env = {**os.environ, "TMPDIR": ipc_dir}  # the run's socket folder goes here, where we can see it
-    run = procs.start("bench_input.py", "--fake-location", "python-queue", *FAST, "--steps", "100000",
-                      "--producers", "2", "--producer-workers", "2", env=env)  # fmt: skip
+    # Slow producers keep the run in its python-queue steps (the gpu baseline before it is quick).
+    run = procs.start("bench_input.py", "--fake-location", "python-queue", *FAST, "--steps", "1000",
+                      "--producers", "2", "--producer-workers", "2", "--producer-rate", "4", env=env)  # fmt: skip
     tops = producers_of(run.pid, 2)
     while not [d for d in os.listdir(ipc_dir) if d.startswith("feedbench-")]:
         time.sleep(0.1)
-    time.sleep(1.0)  # into the steps: the producers' workers are sending
+    deadline = time.monotonic() + 60
+    while len(descendants(run.pid)) < 6 and time.monotonic() < deadline:  # two producers, two workers each
+        time.sleep(0.1)
+    time.sleep(1.0)  # into the steps: the workers are sending
     everything = descendants(run.pid)
     assert len(everything) >= 6, "two producers with two workers each"
     run.kill()
@@ -97,19 +108,19 @@ def test_a_producer_that_dies_at_start_is_reported_with_its_own_line(tmp_path, p
     empty = tmp_path / "empty"
     empty.mkdir()
     # recv_timeout 100 s: the run must not wait for it to say why (the test's own timeout is shorter).
-    cfg = small(producer="decode", data=str(empty), recv_timeout=100)
+    cfg = small(producer_kind="decode", data=str(empty), recv_timeout=100)
     with pytest.raises(InputError) as e:
         run_path(cfg, path, False)
     line = str(e.value)
     assert "\n" not in line
-    assert line.startswith(f"{path}: producer 0 for ipc://")
+    assert re.match(rf"{path}: (ipc://\S+): producer 0 for \1 ", line), line
     assert "exited with code 2" in line and f"dataset folder {empty} is empty" in line
 
 
 def test_a_killed_producer_is_reported_as_killed_by_sigkill(ipc_dir):
     endpoint = f"ipc://{ipc_dir}/feed"
     with PullConsumer(endpoint, recv_timeout=60) as consumer:
-        cmd = producer_command("synthetic", endpoint, 0, 2, 16, "native", 2, 4, quiet=False)
+        cmd = producer_command("synthetic", endpoint, 0, 2, 16, "native", 2, 4)
         group = ProducerGroup([cmd], endpoint).start()
         try:
             consumer.recv()

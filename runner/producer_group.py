@@ -14,6 +14,8 @@ at once, not after --recv-timeout.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import secrets
 import signal
@@ -22,10 +24,12 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from core.errors import ConfigError, InputError
 from producers import commands
 from producers.parent import PARENT_ENV, RUN_DIR_ENV
-from trainer import shutdown
+from runner import shutdown
 from wire.endpoints import IPC_PATH_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +73,7 @@ class RunDir:
             self.made = False
 
 
-class ProducerDied(RuntimeError):
+class ProducerDied(InputError):
     """A producer exited while the run still needed it."""
 
 
@@ -77,15 +81,21 @@ class ProducerGroup:
     """N producer processes pushing to one endpoint that the run's consumer binds.
 
     `on_exit="stop"`: the first producer to exit fails the run; "continue":
-    only the last one does. `run_dir` is the run's socket folder, which the
-    producers remove if the run dies without doing so.
+    only the last one does. `run_dir` is the run's folder (sockets, stats
+    files), which the producers remove if the run dies without doing so.
     """
 
     def __init__(
-        self, commands: list[list[str]], endpoint: str, on_exit: str = "stop", run_dir: str | None = None
+        self,
+        commands: list[list[str]],
+        endpoint: str,
+        stats_files: list[str | None] | None = None,
+        on_exit: str = "stop",
+        run_dir: str | None = None,
     ) -> None:
         self.commands = commands
         self.endpoint = endpoint
+        self.stats_files = stats_files or [None] * len(commands)
         self.on_exit = on_exit
         self.run_dir = run_dir
         self.procs: list[subprocess.Popen] = []
@@ -178,10 +188,21 @@ class ProducerGroup:
         return (errors or lines or [""])[-1]
 
     def log_text(self, i: int) -> str:
-        """Everything producer i has written to stderr so far (its progress lines, if not --quiet)."""
+        """Everything producer i has written to stderr so far."""
         # pread leaves the shared file offset alone: the producer keeps appending where it was.
         fd = self._logs[i].fileno()
         return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+    def stats(self) -> list[dict | None]:
+        """Each producer's latest figures from its --stats-file (None where none was written yet)."""
+        out = []
+        for path in self.stats_files:
+            try:
+                with open(path) as f:
+                    out.append(json.load(f))
+            except (TypeError, OSError, ValueError):
+                out.append(None)
+        return out
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM to each producer's group, SIGKILL only to those still there after `timeout`."""
@@ -230,18 +251,70 @@ def producer_command(
     data: str | None = None,
     curve_keys: str | None = None,
     rate: float | None = None,
-    quiet: bool = True,
+    stats_file: str | None = None,
+    dali_threads: int = 1,
 ) -> list[str]:
     """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
-    `rate` caps each worker's images/s; `quiet=False` keeps the producer's progress
-    line (its own counters), which the profiler reads from the log on zmq-consume.
+    `rate` caps each worker's images/s; `stats_file` is where the producer writes
+    its own figures once a second (the profiler reads them on zmq-consume).
     """
     extra = ["--hwm", str(hwm), "--producer-id", str(producer_id)]
     if rate:
         extra += ["--rate", f"{rate:g}"]
     if curve_keys:
         extra += ["--curve-keys", curve_keys]
+    if stats_file:
+        extra += ["--stats-file", stats_file]
+    if kind == "dali":
+        extra += ["--dali-threads", str(dali_threads)]
     return commands.producer_command(
-        kind, endpoint, batch, image_size, data=data, workers=workers, fmt=fmt, quiet=quiet, extra=extra
+        kind, endpoint, batch, image_size, data=data, workers=workers, fmt=fmt, quiet=True, extra=extra
     )
+
+
+def start_producers(cfg: Any, endpoint: str, folder: str) -> ProducerGroup:
+    """Start the run's `cfg.producers` producers of `cfg.producer_kind`; their stats files go in `folder`.
+
+    `folder` is the run's own: the producers remove it if the run dies first.
+    """
+    stats = [os.path.join(folder, f"producer-{i}.json") for i in range(cfg.producers)]
+    cmds = [
+        producer_command(
+            cfg.producer_kind,
+            endpoint,
+            1000 * i,
+            cfg.batch,
+            cfg.image_size,
+            cfg.wire_format,
+            cfg.producer_workers,
+            cfg.hwm,
+            data=cfg.data,
+            curve_keys=cfg.curve_keys,
+            rate=cfg.producer_rate,
+            stats_file=stats[i],
+            dali_threads=cfg.dali_threads,
+        )
+        for i in range(cfg.producers)
+    ]
+    return ProducerGroup(cmds, endpoint, stats, cfg.on_producer_exit, run_dir=folder).start()
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def check_producer_flags(cfg: Any) -> None:
+    """Refuse producer flags that cannot work (ConfigError), before anything starts."""
+    if cfg.producer_kind != "synthetic":
+        if not cfg.data:
+            raise ConfigError(
+                f"--producer-kind {cfg.producer_kind} needs --data DIR (make one: python -m producers make-dataset DIR)"
+            )
+        if not os.path.isdir(cfg.data):
+            raise ConfigError(f"--data {cfg.data}: no such folder")
+        if cfg.producer_kind == "dali" and not _importable("nvidia.dali"):
+            raise ConfigError("--producer-kind dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
