@@ -160,7 +160,7 @@ class ProducerGroup:
                 return
 
     def exited(self) -> dict[int, str]:
-        """Producers that have exited, each with a line saying how."""
+        """Producers that have exited, each with a line saying how (the run's line names the endpoint)."""
         return {i: self._how(i, p.returncode) for i, p in enumerate(self.procs) if p.poll() is not None}
 
     def _how(self, i: int, code: int) -> str:
@@ -169,8 +169,8 @@ class ProducerGroup:
             # Killed: whatever it printed last (a progress line, a warning) is not why it stopped.
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
             last_error = said if said.startswith("error") else ""
-            return f"producer {i} for {self.endpoint} was killed by {name}" + (f": {last_error}" if last_error else "")
-        return f"producer {i} for {self.endpoint} exited with code {code}: {said or 'no output'}"
+            return f"producer {i} exited, killed by {name}" + (f": {last_error}" if last_error else "")
+        return f"producer {i} exited with code {code}: {said or 'no output'}"
 
     def check(self) -> None:
         """Raise ProducerDied, with the producer's last words, if the group has failed."""
