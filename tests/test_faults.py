@@ -9,7 +9,7 @@ import psutil
 import pytest
 from conftest import descendants
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(360)  # the gpu baseline runs its 100000 steps first
 
 FAST = ["--input-only", "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--recv-timeout", "20"]
 # The run's 1000 steps include the gpu baseline's, which are quick; --producer-rate keeps the path under test busy.
@@ -22,7 +22,7 @@ def _is_producer_of(p: psutil.Process, pid: int) -> bool:
         return False
 
 
-def wait_for_producers(pid: int, n: int, timeout: float = 60) -> list[psutil.Process]:
+def wait_for_producers(pid: int, n: int, timeout: float = 180) -> list[psutil.Process]:
     """The run's producer processes (not their workers), once n of them are up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
