@@ -35,22 +35,18 @@ from wire.endpoints import IPC_PATH_MAX
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The longest socket name a run uses inside its folder ("python-dataset"), with room to spare.
-_LONGEST_NAME = 32
-
-
 class RunDir:
     """The run's private folder for its ipc sockets, made only when producers are about to start.
 
     Its name is chosen up front (the zmq op needs the endpoint while the
     graph is built) and the folder made later, 0700, failing if the name was
-    taken meanwhile. Under TMPDIR, or /tmp when TMPDIR is too long for a
-    socket path (sun_path holds 107 bytes).
+    taken meanwhile. Under TMPDIR, or /tmp when TMPDIR is too long for the
+    socket `longest` in it (sun_path holds 107 bytes).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, longest: str = "python-dataset") -> None:
         base = tempfile.gettempdir()
-        if len(os.fsencode(base)) + len("/feedbench-00000000/") + _LONGEST_NAME > IPC_PATH_MAX:
+        if len(os.fsencode(base)) + len("/feedbench-00000000/") + len(os.fsencode(longest)) > IPC_PATH_MAX:
             base = "/tmp"
         self.name = os.path.join(base, f"feedbench-{secrets.token_hex(4)}")
         self.made = False
