@@ -100,6 +100,21 @@ def test_a_trainer_killed_with_sigkill_takes_its_producers_and_socket_folder_wit
         kill_all(everything + tops)
 
 
+def test_a_producer_whose_run_is_already_gone_exits_and_removes_only_sockets(procs, ipc_dir):
+    """The race the kernel's death signal leaves open: the run died before the producer asked for it."""
+    run_dir = Path(ipc_dir) / "run"
+    run_dir.mkdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(run_dir / "python-queue"))
+    stale.close()
+    (run_dir / "notes.txt").write_text("not the producer's to remove")
+    env = {**os.environ, "FEEDBENCH_PARENT_PID": "1", "FEEDBENCH_RUN_DIR": str(run_dir)}  # not its parent
+    p = procs.start("-m", "producers", "synthetic", "--endpoint", f"ipc://{run_dir}/python-queue", "--quiet", env=env)
+    p.communicate(timeout=30)  # not the 60 s a producer without a consumer waits before giving up
+    assert p.returncode == 128 + signal.SIGTERM
+    assert sorted(os.listdir(run_dir)) == ["notes.txt"], "the socket goes, the rest stays"
+
+
 # A producer that dies before its first batch is reported at once, with its own last line.
 
 
