@@ -160,7 +160,7 @@ def validate(cfg, paths: dict) -> None:
     """Every check that needs no device: producer flags, each chosen path's own, the endpoint (ConfigError)."""
     from core.errors import ConfigError
     from runner.producer_group import check_producer_flags
-    from wire.endpoints import EndpointError, check
+    from wire.endpoints import EndpointError, check, check_reachable
 
     check_producer_flags(cfg)
     for name in cfg.paths:
@@ -168,6 +168,7 @@ def validate(cfg, paths: dict) -> None:
     if cfg.endpoint:
         try:
             check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
+            check_reachable(cfg.endpoint)  # the external producer is another process
         except EndpointError as e:
             raise ConfigError(str(e)) from None
 

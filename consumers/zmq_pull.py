@@ -8,18 +8,25 @@ batch costs no copy until the caller makes one.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import zmq
 
 from consumers.accounting import SeqTracker
 from wire import curve, message
-from wire.endpoints import attach
+from wire.endpoints import attach, release
 
 
 class ReceiveTimeout(TimeoutError):
     """No batch arrived in time; the message names the endpoint."""
+
+
+class ReceiveStopped(RuntimeError):
+    """The caller's stop condition came true while waiting for a batch."""
+
+
+_STOP_SLICE_MS = 100
 
 
 class PullConsumer:
@@ -49,10 +56,12 @@ class PullConsumer:
         if max_msg_size:
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
         self._auth = None
+        self._bound = False  # only a socket file this consumer created is removed on close
         try:
             if curve_keys:
                 self._auth = curve.secure(self._sock, curve_keys, server=bind)
             attach(self._sock, endpoint, bind, allow_remote)
+            self._bound = bind
         except BaseException:
             self.close()
             raise
@@ -62,11 +71,24 @@ class PullConsumer:
         self.wait_s = 0.0  # time spent blocked in recv: the input-wait of whoever calls us
         self.latency_s = 0.0  # sum of end-to-end latencies from the native send timestamp
 
-    def recv(self) -> message.Batch:
-        """The next batch; ReceiveTimeout if none arrives within `recv_timeout`."""
+    def recv(self, stop: Callable[[], bool] | None = None) -> message.Batch:
+        """The next batch; ReceiveTimeout if none arrives within `recv_timeout`.
+
+        With `stop`, waits in short slices and raises ReceiveStopped once
+        `stop()` is true, so another thread can close the consumer safely.
+        """
         t0 = time.perf_counter()
-        timeout_ms = -1 if self.recv_timeout is None else int(self.recv_timeout * 1000)
-        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+        if stop is None:
+            timeout_ms = -1 if self.recv_timeout is None else int(self.recv_timeout * 1000)
+            ready = self._sock.poll(timeout_ms, zmq.POLLIN)
+        else:
+            deadline = None if self.recv_timeout is None else t0 + self.recv_timeout
+            while not (ready := self._sock.poll(_STOP_SLICE_MS, zmq.POLLIN)):
+                if stop():
+                    raise ReceiveStopped(f"receiving from {self.endpoint} was stopped")
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+        if not ready:
             raise ReceiveTimeout(f"no batch from {self.endpoint} within {self.recv_timeout:g} s")
         batch = message.recv(self._sock)
         self.wait_s += time.perf_counter() - t0
@@ -88,6 +110,9 @@ class PullConsumer:
 
     def close(self) -> None:
         self._sock.close(0)
+        if self._bound:
+            release(self.endpoint, bind=True)
+            self._bound = False
         if self._auth is not None:
             self._auth.stop()
             self._auth = None

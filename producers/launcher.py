@@ -2,49 +2,52 @@
 
 Workers die with their parent (PR_SET_PDEATHSIG), the parent stops them on
 SIGINT/SIGTERM, and a start-up failure in any worker (a bad endpoint, say)
-stops the rest and is reported as one line.
+stops the rest and is reported as one line. A producer started by a run
+likewise dies with the run (`producers.parent`).
+
+Nothing here uses a named semaphore (no multiprocessing Queue, Event or Lock):
+those live in /dev/shm until multiprocessing's resource tracker removes them,
+and a SIGKILL to the producer's process group kills the tracker too. Workers
+report over pipes and watch a lock-free shared flag instead.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing as mp
 import os
-import queue
 import signal
 import sys
 import time
 from dataclasses import replace
+from multiprocessing.connection import Connection, wait
 
 from tqdm import tqdm
 
 from core.atomic import atomic_write
-from producers import sender
+from producers import parent, sender
 from producers.sender import Counters, SendConfig, Source
 from wire.curve import CurveError
 from wire.endpoints import EndpointError
 
-_PR_SET_PDEATHSIG = 1
 
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: the parent's cleanup still stops us
-        pass
-
-
-def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status) -> None:
+def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: Connection) -> None:
     """Entry point of one worker process."""
-    _die_with_parent()
-    parent = os.getppid()
+    parent.die_with_parent(signal.SIGTERM)
+    producer = os.getppid()
+    stopped = []
     # Ctrl-C reaches the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
 
     def should_stop() -> bool:
-        return stop.is_set() or os.getppid() != parent
+        return bool(stopped) or stop.value != 0 or os.getppid() != producer
+
+    def report(kind: str, text: str) -> None:
+        try:
+            status.send((worker, kind, text))
+        except OSError:  # the producer is gone; nobody to tell
+            pass
 
     try:
         code = sender.run(
@@ -53,16 +56,17 @@ def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status) 
             cfg,
             Counters(shared, worker),
             should_stop,
-            on_ready=lambda: status.put((worker, "ready", "")),
+            on_ready=lambda: report("ready", ""),
         )
     except (EndpointError, CurveError) as e:
-        status.put((worker, "error", str(e)))
+        report("error", str(e))
         code = sender.BAD_ENDPOINT
     except Exception as e:  # reported by the parent as one line, not a worker traceback
-        status.put((worker, "error", f"{type(e).__name__}: {e}"))
+        report("error", f"{type(e).__name__}: {e}")
         code = sender.FAILED
     if code == sender.CONSUMER_GONE:
-        status.put((worker, "gone", f"no consumer took a batch for {cfg.give_up_after:g} s"))
+        report("gone", f"no consumer took a batch for {cfg.give_up_after:g} s")
+    status.close()
     sys.exit(code)
 
 
@@ -92,33 +96,39 @@ def launch(
         raise ValueError("--bind takes one worker; with several, let the consumer bind and the workers connect")
     spawn = mp.get_context("spawn")
     shared = spawn.RawArray("d", workers * len(Counters.FIELDS))
-    stop = spawn.Event()
-    status = spawn.Queue()
+    stop = spawn.RawValue("b", 0)  # lock-free: no semaphore to leave behind
     procs = []
+    readers: list[Connection] = []
     interrupted = []
 
     def on_signal(signum, _frame) -> None:
         interrupted.append(signum)
-        stop.set()
+        stop.value = 1
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for i, n in enumerate(_split(cfg.count, workers)):
             wcfg = replace(cfg, count=n, producer_id=cfg.producer_id + i)
-            p = spawn.Process(target=_worker, args=(source, i, wcfg, shared, stop, status), daemon=True)
+            reader, writer = spawn.Pipe(duplex=False)
+            p = spawn.Process(target=_worker, args=(source, i, wcfg, shared, stop, writer), daemon=True)
             p.start()
+            writer.close()  # the worker holds the only writer: its end of file means it is gone
             procs.append(p)
-        return _supervise(procs, status, stop, shared, cfg, progress, describe, interrupted, stats_file)
+            readers.append(reader)
+        return _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupted, stats_file)
     finally:
-        stop.set()
+        stop.value = 1
         for p in procs:
             p.join(5)
         for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join()
+        for r in readers:
+            r.close()
         for s, h in old.items():
             signal.signal(s, h)
+        parent.clean_run_dir(own=[stats_file] if stats_file else [])  # only when the run that started us died
 
 
 def rates(now: dict[str, float], before: dict[str, float], dt: float) -> dict[str, float]:
@@ -134,7 +144,7 @@ def rates(now: dict[str, float], before: dict[str, float], dt: float) -> dict[st
     }
 
 
-def _supervise(procs, status, stop, shared, cfg, progress, describe, interrupted, stats_file) -> int:
+def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupted, stats_file) -> int:
     """Print progress (and write the stats file) until the workers end; turn worker reports into one exit code."""
     code = sender.DONE
     bar = None
@@ -142,21 +152,27 @@ def _supervise(procs, status, stop, shared, cfg, progress, describe, interrupted
         bar = tqdm(total=cfg.count, unit="batch", desc=describe or "producer", file=sys.stderr, dynamic_ncols=True)
     last_t, last = time.perf_counter(), Counters.totals(shared)
     reported: set[int] = set()
+    open_readers = list(readers)
 
     def drain() -> None:
-        while True:
-            try:
-                worker, kind, text = status.get(timeout=0.05)
-            except queue.Empty:
-                return
-            if kind in ("error", "gone") and worker not in reported:
-                reported.add(worker)
-                print(f"error: producer worker {worker}: {text}", file=sys.stderr)
-                if kind == "error":
-                    stop.set()  # one broken worker stops the producer
+        while ready := wait(open_readers, timeout=0.05):
+            for r in ready:
+                try:
+                    worker, kind, text = r.recv()
+                except (EOFError, OSError):  # the worker has exited
+                    open_readers.remove(r)
+                    continue
+                if kind in ("error", "gone") and worker not in reported:
+                    reported.add(worker)
+                    print(f"error: producer worker {worker}: {text}", file=sys.stderr)
+                    if kind == "error":
+                        stop.value = 1  # one broken worker stops the producer
 
     try:
         while any(p.is_alive() for p in procs) and not interrupted:
+            if parent.gone():  # the run died (its SIGTERM may be on its way too)
+                interrupted.append(signal.SIGTERM)
+                break
             time.sleep(0.2)
             drain()
             now, tot = time.perf_counter(), Counters.totals(shared)

@@ -12,7 +12,7 @@ import sys
 from core.cli_types import positive_float, positive_int
 from producers import launcher
 from producers.sender import SendConfig
-from wire.endpoints import EndpointError, check
+from wire.endpoints import EndpointError, check, check_reachable
 from wire.message import FORMATS
 
 
@@ -64,6 +64,7 @@ def run_producer(source, args: argparse.Namespace, describe: str) -> int:
     """Check the endpoint up front, then run the workers; one line on any error."""
     try:
         check(args.endpoint, args.bind, args.allow_remote)
+        check_reachable(args.endpoint)
         if args.bind and args.workers > 1:
             raise EndpointError(
                 f"endpoint {args.endpoint!r}: --bind takes one worker; with --workers {args.workers}, "

@@ -17,7 +17,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from wire import curve, message
-from wire.endpoints import attach
+from wire.endpoints import attach, release
 
 Source = Callable[[int], Iterator[tuple[np.ndarray, ...]]]
 
@@ -146,11 +146,13 @@ def run(
     # Queue only to live connections, so "sent" means a consumer is there to take it.
     sock.setsockopt(zmq.IMMEDIATE, 1)
     auth = None
+    bound = False
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     try:
         if cfg.curve_keys:
             auth = curve.secure(sock, cfg.curve_keys, server=cfg.bind)
         attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote)
+        bound = cfg.bind
         on_ready()
         batches = source(worker)
         # A source may report counters of its own (e.g. bad files skipped) in each header.
@@ -190,3 +192,5 @@ def run(
         if auth is not None:
             auth.stop()
         ctx.term()
+        if bound:
+            release(cfg.endpoint, bind=True)

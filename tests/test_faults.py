@@ -12,13 +12,21 @@ from conftest import descendants
 pytestmark = pytest.mark.timeout(360)  # the gpu baseline runs its 100000 steps first
 
 FAST = ["--input-only", "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--recv-timeout", "20"]
+# The run's 1000 steps include the gpu baseline's, which are quick; --producer-rate keeps the path under test busy.
+
+
+def _is_producer_of(p: psutil.Process, pid: int) -> bool:
+    try:
+        return p.ppid() == pid and "producers" in " ".join(p.cmdline())
+    except psutil.Error:  # gone, or a zombie not yet reaped (a short-lived helper process)
+        return False
 
 
 def wait_for_producers(pid: int, n: int, timeout: float = 180) -> list[psutil.Process]:
     """The run's producer processes (not their workers), once n of them are up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        tops = [p for p in descendants(pid) if p.ppid() == pid and "producers" in " ".join(p.cmdline())]
+        tops = [p for p in descendants(pid) if _is_producer_of(p, pid)]
         if len(tops) >= n:
             return tops
         time.sleep(0.1)
@@ -27,8 +35,8 @@ def wait_for_producers(pid: int, n: int, timeout: float = 180) -> list[psutil.Pr
 
 def test_a_dead_producer_stops_the_run_naming_its_endpoint(procs, tmp_path):
     out_json = tmp_path / "r.json"
-    run = procs.start("bench_input.py", "--fake-location", "zmq-consume", *FAST, "--steps", "100000", "--repeats", "1",
-                      "--producers", "2", "--json", str(out_json))  # fmt: skip
+    run = procs.start("bench_input.py", "--fake-location", "zmq-consume", *FAST, "--steps", "1000", "--repeats", "1",
+                      "--producer-rate", "4", "--producers", "2", "--json", str(out_json))  # fmt: skip
     victim = wait_for_producers(run.pid, 2)[0]
     everything = descendants(run.pid)
     victim.kill()
@@ -56,8 +64,8 @@ def test_with_continue_the_run_trains_on_with_the_other_producers(procs, tmp_pat
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_mid_run_stops_everything_and_writes_nothing(procs, tmp_path, sig):
     out_json = tmp_path / "r.json"
-    run = procs.start("bench_input.py", "--fake-location", "python-queue", *FAST, "--steps", "100000", "--repeats", "1",
-                      "--producers", "2", "--json", str(out_json))  # fmt: skip
+    run = procs.start("bench_input.py", "--fake-location", "python-queue", *FAST, "--steps", "1000", "--repeats", "1",
+                      "--producer-rate", "4", "--producers", "2", "--json", str(out_json))  # fmt: skip
     wait_for_producers(run.pid, 2)
     time.sleep(1.0)  # let it get into the measured steps
     everything = descendants(run.pid)

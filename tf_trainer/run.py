@@ -24,8 +24,7 @@ from core import registry
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
 from profiler.progress import RunProgress
-from runner import shutdown
-from runner.producer_group import ProducerDied, ProducerGroup, start_producers
+from runner.producer_group import ProducerDied, ProducerGroup, RunDir, start_producers
 from tf_trainer import devices, placement
 from tf_trainer.expected import batch_error
 from tf_trainer.inputs.base import TFInputPath
@@ -35,6 +34,7 @@ from tf_trainer.schedule import PROFILED_STEPS, Schedule
 from tf_trainer.telemetry import Telemetry
 from tf_trainer.tf_env import tf
 from tf_trainer.tracing import ProfileSteps
+from wire.endpoints import release
 
 tf = tf()
 
@@ -65,16 +65,28 @@ _log.addFilter(_Quiet())
 
 
 class _WatchProducers(Callback):
-    """Notices a dead producer at the next step, instead of waiting for a receive timeout.
+    """Stops training at once when the producer group fails, instead of waiting for a receive timeout.
 
-    With `on_exit="stop"` the run fails naming it; with "continue" it says so
-    once and trains on with the others, failing only when none is left.
+    The group's watcher thread closes the session, which cancels a step
+    blocked on input; the run then reports the producer's own line. With
+    `on_exit="continue"` a dead producer is reported once at the next step
+    and the run trains on with the others, failing only when none is left.
     """
 
     def __init__(self, group: ProducerGroup, on_exit: str) -> None:
         self.group = group
         self.on_exit = on_exit
         self.reported: set[int] = set()
+
+    def _cancel(self) -> None:
+        self.trainer.sess.close()
+
+    def _before_train(self) -> None:
+        self.group.on_failure(self._cancel)
+        self.group.check()  # it may have failed while the session was made
+
+    def _after_train(self) -> None:
+        self.group.remove_on_failure(self._cancel)
 
     def _trigger_step(self) -> None:
         if self.on_exit == "stop":
@@ -98,6 +110,15 @@ def expected_message_size(batch: int, image_size: int) -> int:
 
 
 _ROOT_ERROR = re.compile(r"^\(\d+\) [A-Z_]+: *(.+)$")
+
+
+def op_text(e: Exception, endpoint: str | None) -> str:
+    """What the op said was wrong, without its own mention of the endpoint (the run's line names it)."""
+    text = op_message(e)
+    if endpoint:
+        for said in (f" from ZMQ endpoint {endpoint}", f" from {endpoint}", f"ZMQ endpoint {endpoint}: "):
+            text = text.replace(said, "")
+    return text
 
 
 def op_message(e: Exception) -> str:
@@ -215,8 +236,12 @@ def _callbacks(built: Built, group: ProducerGroup | None, extra: list[Callback])
     return timer, callbacks
 
 
-def _train(built: Built, callbacks: list[Callback], has_gpu: bool) -> None:
-    """Train for warm-up + steps x repeats; an input that fails is raised as one InputError line."""
+def _train(built: Built, callbacks: list[Callback], has_gpu: bool, group: ProducerGroup | None) -> None:
+    """Train for warm-up + steps x repeats; an input that fails is raised as one InputError line.
+
+    A producer that died is the cause whatever the step then says (cancelled,
+    a closed session, an ended stream), so it is asked first.
+    """
     cfg, path = built.cfg, built.path
     where = f"{path.name}: {path.endpoint}" if path.needs_producers else path.name
     try:
@@ -231,9 +256,16 @@ def _train(built: Built, callbacks: list[Callback], has_gpu: bool) -> None:
         )
     except ProducerDied as e:
         raise InputError(f"{where}: {e}") from None
-    except tf.errors.OpError as e:
+    except (tf.errors.OpError, RuntimeError) as e:
+        if group is not None:
+            try:
+                group.check()
+            except ProducerDied as died:
+                raise InputError(f"{where}: {died}") from None
+        if not isinstance(e, tf.errors.OpError):
+            raise
         # The path's own words first (a Python consumer's wire error), else the op's.
-        why = path.failure() or batch_error(e, batch_signature(built.model, cfg.batch)) or op_message(e)
+        why = path.failure() or batch_error(e, batch_signature(built.model, cfg.batch)) or op_text(e, path.endpoint)
         raise InputError(f"{where}: {why}") from None
 
 
@@ -258,22 +290,27 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
 
     `extra_callbacks` run inside the training session (tests use them to look at variables).
     """
-    tmp = tempfile.TemporaryDirectory(prefix="feedbench-")
-    shutdown.register(tmp.cleanup)
+    # The run's own folder (sockets, producer stats) is made only for a path with producers, right
+    # before they start, and under /tmp if TMPDIR is too long for a socket path.
+    own = registry.get("tf", path).needs_producers and not cfg.endpoint
+    run_dir = RunDir(longest=path) if own else None
     group: ProducerGroup | None = None
     built: Built | None = None
     try:
-        built = build(cfg, path, cfg.num_gpus, has_gpu, cfg.endpoint or f"ipc://{tmp.name}/{path}")
+        built = build(cfg, path, cfg.num_gpus, has_gpu, cfg.endpoint or (run_dir.endpoint(path) if run_dir else None))
         cfg = built.cfg
         with built.graph.as_default():
+            if run_dir is not None:
+                run_dir.make()
             built.path.open()
             if built.path.needs_producers:
                 if cfg.endpoint:
                     print(f"  waiting for an external producer to connect to {cfg.endpoint}", flush=True)
                 else:
-                    group = built.path.producers = start_producers(cfg, built.path.endpoint, tmp.name)
+                    group = built.path.producers = start_producers(cfg, built.path.endpoint, run_dir.name)
+                    group.on_failure(built.path.interrupt)  # a feeding thread waiting for a batch stops waiting
             timer, callbacks = _callbacks(built, group, list(extra_callbacks))
-            _train(built, callbacks, has_gpu)
+            _train(built, callbacks, has_gpu, group)
             _check_complete(built, timer, group)
             return _result(built, timer, callbacks)
     finally:
@@ -281,8 +318,10 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             group.stop()
         if built is not None:
             built.path.close()
-        shutdown.unregister(tmp.cleanup)
-        tmp.cleanup()
+        if run_dir is not None:
+            run_dir.remove()
+        elif cfg.endpoint and built is not None and built.path.needs_producers:
+            release(cfg.endpoint, bind=True)  # the op bound it, and ZMQ leaves the socket file behind
 
 
 def _result(built: Built, timer: StepTimer, callbacks: list[Callback]) -> dict:

@@ -11,6 +11,7 @@ import errno
 import ipaddress
 import os
 import socket
+import stat
 import sys
 
 import zmq
@@ -51,6 +52,8 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False) -> str:
     and then prints a warning, because nothing on the stream is authenticated.
     """
     scheme, addr = split(endpoint)
+    if scheme == "ipc":
+        check_ipc(endpoint, addr, bind)
     if scheme == "tcp":
         host, sep, port = addr.rpartition(":")
         if not sep or not host:
@@ -90,6 +93,65 @@ def attach(sock: zmq.Socket, endpoint: str, bind: bool, allow_remote: bool = Fal
         verb = "bind" if bind else "connect"
         why = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
         raise EndpointError(f"endpoint {endpoint!r}: cannot {verb}: {why}") from None
+
+
+# sizeof(sockaddr_un.sun_path) on Linux, less the terminating NUL.
+IPC_PATH_MAX = 107
+
+
+def check_ipc(endpoint: str, path: str, bind: bool) -> None:
+    """An ipc path the OS can hold, and, for binding, one no live socket serves.
+
+    ZMQ would silently unlink a live socket's file and bind over it, and the
+    run already listening there would wait for batches that never come; a
+    path longer than sun_path fails deep inside ZMQ instead of naming itself.
+    """
+    size = len(os.fsencode(path))
+    if size > IPC_PATH_MAX:
+        raise EndpointError(
+            f"endpoint {endpoint!r}: the socket path is {size} bytes, longer than the {IPC_PATH_MAX} the OS allows"
+        )
+    if bind and not path.startswith("@") and _ipc_served(path):
+        raise EndpointError(f"endpoint {endpoint!r}: cannot bind: address already in use")
+
+
+def _ipc_served(path: str) -> bool:
+    """True when a live socket accepts connections at `path` (a stale socket file refuses them)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(mode):
+        raise EndpointError(f"endpoint 'ipc://{path}': {path!r} exists and is not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def release(endpoint: str, bind: bool) -> None:
+    """Remove the socket file of an ipc endpoint this process bound (ZMQ leaves it behind)."""
+    scheme, path = split(endpoint)
+    if not bind or scheme != "ipc" or path.startswith("@"):
+        return
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def check_reachable(endpoint: str) -> str:
+    """Refuse an endpoint another process cannot reach (inproc://), for producers and their consumers."""
+    if split(endpoint)[0] == "inproc":
+        raise EndpointError(
+            f"endpoint {endpoint!r}: inproc:// reaches only sockets inside one process, "
+            "and producers run in their own; use ipc:// or tcp://"
+        )
+    return endpoint
 
 
 def free_tcp_port() -> int:

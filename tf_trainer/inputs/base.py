@@ -85,6 +85,9 @@ class TFInputPath(InputPath):
         """Why the input stopped, in the path's own words, when it knows (a wire error, a timeout)."""
         return None
 
+    def interrupt(self) -> None:
+        """Stop waiting for input at once (called from another thread when the producers have failed)."""
+
     def close(self) -> None:
         """Release what `open` and `build` took (sockets); called once, whatever happened."""
 

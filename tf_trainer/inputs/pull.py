@@ -8,6 +8,7 @@ figures (sequence numbers and the native header's extras).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -15,37 +16,61 @@ import numpy as np
 from tensorpack.dataflow import DataFlow, DataFlowTerminated
 
 from consumers.expect import BatchSpec
-from consumers.zmq_pull import PullConsumer, ReceiveTimeout
+from consumers.zmq_pull import PullConsumer, ReceiveStopped, ReceiveTimeout
 from profiler.telemetry import producer_figures
 from tf_trainer.inputs.base import TFInputPath
 from wire.errors import WireError
 
 
 class PullFlow(DataFlow):
-    """A tensorpack DataFlow over a PullConsumer; remembers why it stopped, in one line."""
+    """A tensorpack DataFlow over a PullConsumer; remembers why it stopped, in one line.
 
-    def __init__(self, consumer: PullConsumer, expected: BatchSpec | None = None) -> None:
+    It runs in a feeding thread (tensorpack's enqueue thread, tf.data's
+    generator), so `interrupt` makes a waiting receive give up at once, and
+    `close` waits for the receive to leave before closing the socket under it.
+    """
+
+    def __init__(self, consumer: PullConsumer | None, expected: BatchSpec | None = None) -> None:
         self.consumer = consumer
         self.expected = expected  # what each batch must be (the model's signature)
         self.error: str | None = None  # what ended the stream (a timeout, a malformed message, an odd batch)
+        self._stopping = threading.Event()
+        self._receiving = threading.Lock()
 
     def __iter__(self) -> Iterator[list[np.ndarray]]:
         while True:
-            try:
-                batch = self.consumer.recv()
-            except ReceiveTimeout:
-                self.error = f"no batch within {self.consumer.recv_timeout:g} s"
-            except WireError as e:
-                self.error = str(e)
-            if self.error is None and self.expected is not None:
-                wrong = self.expected.mismatch(batch.arrays)
-                if wrong:
-                    producer = f" from producer {batch.header.producer_id}" if batch.header is not None else ""
-                    self.error = f"batch{producer} {wrong}"
-            if self.error:
-                # tensorpack's way to end a stream quietly; the run reports `error` in one line.
-                raise DataFlowTerminated(self.error)
+            with self._receiving:
+                if self._stopping.is_set() or self.consumer is None:
+                    # tensorpack's way to end a stream quietly; the run reports why in one line.
+                    raise DataFlowTerminated("the input was stopped")
+                try:
+                    batch = self.consumer.recv(stop=self._stopping.is_set)
+                except ReceiveStopped:
+                    raise DataFlowTerminated("the input was stopped") from None
+                except ReceiveTimeout:
+                    self.error = f"no batch within {self.consumer.recv_timeout:g} s"
+                except WireError as e:
+                    self.error = str(e)
+                if self.error is None and self.expected is not None:
+                    wrong = self.expected.mismatch(batch.arrays)
+                    if wrong:
+                        producer = f" from producer {batch.header.producer_id}" if batch.header is not None else ""
+                        self.error = f"batch{producer} {wrong}"
+                if self.error:
+                    raise DataFlowTerminated(self.error)
             yield batch.arrays
+
+    def interrupt(self) -> None:
+        """Make a waiting receive give up at once (from any thread); the stream then ends."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        """Close the consumer once no receive is using it."""
+        self._stopping.set()
+        with self._receiving:
+            if self.consumer is not None:
+                self.consumer.close()
+                self.consumer = None
 
 
 class PythonPull(TFInputPath):
@@ -121,7 +146,13 @@ class PythonPull(TFInputPath):
     def failure(self) -> str | None:
         return self.flow.error if self.flow is not None else None
 
+    def interrupt(self) -> None:
+        if self.flow is not None:
+            self.flow.interrupt()
+
     def close(self) -> None:
-        if self.consumer is not None:
+        if self.flow is not None and self.flow.consumer is not None:
+            self.flow.close()  # waits for the feeding thread to leave its receive
+        elif self.consumer is not None:
             self.consumer.close()
-            self.consumer = None
+        self.consumer = None

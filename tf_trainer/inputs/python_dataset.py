@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tensorpack.dataflow import DataFlowTerminated
 from tensorpack.input_source import InputSource, TFDatasetInput
 
 from core.registry import register
@@ -25,8 +26,13 @@ class PythonDataset(PythonPull):
         flow = self.dataflow(specs)
 
         def gen():
-            for arrays in flow:
-                yield tuple(arrays)
+            try:
+                for arrays in flow:
+                    yield tuple(arrays)
+            except DataFlowTerminated:
+                if flow.error:  # the run reports it, from the error tf.data wraps this in
+                    raise
+                # interrupted: the producers failed, and the run says how
 
         ds = tf.data.Dataset.from_generator(
             gen, output_types=tuple(s.dtype for s in specs), output_shapes=tuple(s.shape for s in specs)

@@ -77,6 +77,8 @@ class ConnectionStats(Callback):
         return [dict(zip(keys, map(int, row), strict=True)) for row in rows], int(totals[0]), int(totals[1])
 
     def _after_train(self) -> None:
+        if getattr(self.trainer.sess, "_closed", False):  # a failed input closed it: the run reports why
+            return
         self.producers, self.messages, _ = self.read(self.trainer.sess)
 
 
