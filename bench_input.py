@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import replace
 
-from trainer.config import ALL_PATHS, BASELINE, PATHS, BenchConfig, apply_defaults
+from core.config import ALL_PATHS, BASELINE, PATHS, BenchConfig, apply_defaults
 
 
 def positive_int(text: str) -> int:
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             if importlib.util.find_spec("nvidia.dali") is None:
                 return fail("--producer dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
     if "dali" in cfg.paths:
-        from consumers.dali_tf import INSTALL_HINT, plugin_available
+        from tf_trainer.inputs.dali import INSTALL_HINT, plugin_available
 
         if not cfg.data or not os.path.isdir(cfg.data):
             return fail(
@@ -166,13 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         except EndpointError as e:
             return fail(str(e))
 
-    # Ctrl-C and SIGTERM stop producers and exit at once, even mid-step (see trainer/shutdown.py).
-    from trainer import shutdown
+    # Ctrl-C and SIGTERM stop producers and exit at once, even mid-step (see runner/shutdown.py).
+    from runner import shutdown
 
     shutdown.install()
 
-    from trainer import devices, report
-    from trainer.run import InputError, run_path
+    from profiler import report
+    from tf_trainer import devices
+    from tf_trainer.run import InputError, run_path
 
     gpus = devices.gpu_count()
     has_gpu = gpus > 0
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         for path, r in results.items():
             print(line(path, r["verdict"]))
     if cfg.profile_dir:
-        from profiler.tracing import how_to_open
+        from tf_trainer.tracing import how_to_open
 
         print()
         print(how_to_open(cfg.profile_dir))

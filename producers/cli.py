@@ -93,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", help="where to write server.key(_secret) and client.key(_secret)")
     p.set_defaults(func=lambda a: print(f"keys in {curve.make_keys(a.folder)}; copy the folder to every host") or 0)
 
-    from producers import bench_decode, bench_wire, dali_source, dataset, decode
+    from producers import dali_source, dataset, decode
 
-    for module in (bench_wire, dataset, decode, dali_source, bench_decode):
+    for module in (dataset, decode, dali_source):
         module.register(sub)
     return parser
 

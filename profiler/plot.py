@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from trainer.config import ALL_PATHS, BASELINE  # noqa: E402
+from core.config import ALL_PATHS, BASELINE  # noqa: E402
 
 WIDTH_IN, ROW_IN, DPI = 13.0, 4.5, 100
 

@@ -21,9 +21,9 @@ from dataclasses import replace
 
 from tqdm import tqdm
 
+from core.config import ALL_PATHS, BASELINE, BenchConfig, apply_defaults
 from profiler.progress import interactive
 from profiler.verdict import add_verdicts
-from trainer.config import ALL_PATHS, BASELINE, BenchConfig, apply_defaults
 
 SCHEMA_VERSION = 1
 
@@ -248,8 +248,8 @@ def write_results(out_dir: str, doc: dict) -> list[str]:
 def run_sweep(base: BenchConfig, grid: dict[str, list], gpus: int, out_dir: str, device: dict) -> dict:
     """Run every grid point's paths, with one bar over the sweep and one per run; write the results."""
     has_gpu = gpus > 0
-    from trainer import report
-    from trainer.run import run_path
+    from profiler import report
+    from tf_trainer.run import run_path
 
     configs = points(base, grid)
     total = sum(len(c.paths) for c in configs)

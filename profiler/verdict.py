@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from trainer.config import BASELINE
+from core.config import BASELINE
 
 HIGH, MODERATE = 0.20, 0.05
 LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured")

@@ -11,9 +11,9 @@ import psutil
 import pytest
 from tensorpack.callbacks import Callback
 
-from trainer.config import PATHS, BenchConfig, apply_defaults
-from trainer.run import InputError, run_path
-from trainer.tf_env import tf
+from core.config import PATHS, BenchConfig, apply_defaults
+from tf_trainer.run import InputError, run_path
+from tf_trainer.tf_env import tf
 
 tf = tf()
 pytestmark = pytest.mark.timeout(300)

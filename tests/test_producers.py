@@ -152,7 +152,7 @@ def test_binding_beyond_loopback_needs_a_flag(procs):
 def test_bench_wire_prints_its_table(procs):
     p = procs.start(
         "-m",
-        "producers",
+        "benchmarks",
         "bench-wire",
         "--batch",
         "4",

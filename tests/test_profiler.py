@@ -11,12 +11,12 @@ import sys
 import pytest
 from tensorflow.core.framework.step_stats_pb2 import StepStats
 
+from core.config import BenchConfig, apply_defaults
 from profiler.plot import size_px
 from profiler.sweep import COLUMNS, SweepError, split_args
-from profiler.telemetry import exposed_input_us, parse_producer_progress
 from profiler.verdict import add_verdicts, level_of, line, verdict
-from trainer.config import BenchConfig, apply_defaults
-from trainer.run import run_path
+from tf_trainer.run import run_path
+from tf_trainer.telemetry import exposed_input_us, parse_producer_progress
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tensorpack.input_source import TFDatasetInput
 
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from producers import commands
-from trainer import shutdown
+from runner import shutdown
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,7 +28,7 @@ from collections import deque
 from tensorpack.callbacks import Callback
 from tensorpack.input_source import QueueInput, StagingInput
 
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 tf = tf()
 

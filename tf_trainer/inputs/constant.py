@@ -12,7 +12,7 @@ import numpy as np
 from tensorpack.input_source import TensorInput
 from tensorpack.tfutils.tower import get_current_tower_context
 
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -1,4 +1,4 @@
-"""`python -m producers bench-wire`: how fast batches cross the wire, Python to Python.
+"""`python -m benchmarks bench-wire`: how fast batches cross the wire, Python to Python.
 
 A real producer process pushes 64x224x224x3 uint8 batches; a Python
 PullConsumer in this process receives them. Each transport and format is
@@ -17,8 +17,8 @@ import time
 
 from tabulate import tabulate
 
+from benchmarks.memcpy import memcpy_bandwidth
 from consumers.zmq_pull import PullConsumer
-from profiler.reference import memcpy_bandwidth
 from profiler.summary import Summary
 from wire.endpoints import free_tcp_port
 

@@ -1,4 +1,4 @@
-"""`python -m producers bench-decode`: images/s per core of the Python decode producer and of DALI on CPU.
+"""`python -m benchmarks bench-decode`: images/s per core of the Python decode producer and of DALI on CPU.
 
 Both run in this process on the same files, with the same output size and
 the same augmentation (random-resized crop, random flip), one core each: one

@@ -13,19 +13,20 @@ from tensorpack.tfutils.sessinit import JustCurrentSession
 from tensorpack.tfutils.tower import get_current_tower_context
 from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 
-from consumers.constant import cpu_synthetic_input, on_device_input
-from consumers.python_feed import PullFlow, python_dataset_input, python_queue_input
-from consumers.zmq_op import zmq_op_input
-from feeders.staging import stage_onto_devices
+from core.config import BenchConfig
 from profiler.progress import RunProgress
-from profiler.telemetry import Telemetry
-from profiler.tracing import ProfileSteps
-from trainer import devices, shutdown
-from trainer.config import BenchConfig
-from trainer.input_only import InputOnlyModel
-from trainer.measure import COST_COLLECTION, StepTimer, summarize
-from trainer.producer_group import ProducerDied, ProducerGroup, producer_command
-from trainer.tf_env import tf
+from runner import shutdown
+from runner.producer_group import ProducerDied, ProducerGroup, producer_command
+from tf_trainer import devices
+from tf_trainer.inputs.constant import cpu_synthetic_input, on_device_input
+from tf_trainer.inputs.python_feed import PullFlow, python_dataset_input, python_queue_input
+from tf_trainer.inputs.zmq_consume import zmq_op_input
+from tf_trainer.measure import COST_COLLECTION, StepTimer, summarize
+from tf_trainer.models.input_only import InputOnlyModel
+from tf_trainer.staging import stage_onto_devices
+from tf_trainer.telemetry import Telemetry
+from tf_trainer.tf_env import tf
+from tf_trainer.tracing import ProfileSteps
 
 tf = tf()
 
@@ -137,7 +138,7 @@ def op_message(e: Exception) -> str:
 def make_model(cfg: BenchConfig):
     if cfg.input_only:
         return InputOnlyModel(cfg.image_size)
-    from models import ResNet50Model
+    from tf_trainer.models import ResNet50Model
 
     return ResNet50Model(
         version=cfg.resnet_version,
@@ -218,7 +219,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 source = stage_onto_devices(pulled)
                 group = _producers(cfg, endpoint, path)
             elif path == "dali":
-                from consumers.dali_tf import dali_dataset_input
+                from tf_trainer.inputs.dali import dali_dataset_input
 
                 threads = max(1, cfg.producer_workers)
                 source = stage_onto_devices(dali_dataset_input(cfg.data, cfg.batch, cfg.image_size, threads, has_gpu))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tensorpack import ModelDesc
 
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 tf = tf()
 
@@ -25,7 +25,7 @@ def emulated_ops():
     """The loaded op library, built first if missing or stale (a few seconds, once)."""
     global _ops
     if _ops is None:
-        from models.emulated_op import build
+        from tf_trainer.models.emulated_op import build
 
         _ops = tf.load_op_library(str(build.build(verbose=True)))
     return _ops

@@ -49,7 +49,7 @@ class BenchConfig:
     max_msg_size: int | None = None
     json_path: str | None = None
     telemetry: bool = True  # per-stage telemetry and a verdict (--no-telemetry to compare its overhead)
-    telemetry_every: int = 4  # trace every n-th measured step for input wait (profiler/telemetry.py)
+    telemetry_every: int = 4  # trace every n-th measured step for input wait (tf_trainer/telemetry.py)
     producer_rate: float | None = None  # cap each producer worker at this many images/s (a slow loader)
     profile_dir: str | None = None  # --profile: TensorFlow profiler trace + Chrome timeline per path
     shrunk: dict[str, tuple] = field(default_factory=dict)

@@ -14,12 +14,12 @@ import numpy as np
 from tensorpack.callbacks import Callback
 
 from profiler.summary import Summary
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 tf = tf()
 
 
-COST_COLLECTION = "feedbench_cost"  # the first tower's loss, put there by trainer.run
+COST_COLLECTION = "feedbench_cost"  # the first tower's loss, put there by tf_trainer.run
 
 
 class StepTimer(Callback):

@@ -15,7 +15,7 @@ from tensorpack.dataflow import DataFlow
 from tensorpack.input_source import QueueInput, TFDatasetInput
 
 from consumers.zmq_pull import PullConsumer
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -1,6 +1,6 @@
 """Input-only throughput of the zmq_ops op, next to the Python ways of feeding TensorFlow.
 
-    python -m zmq_ops.bench [--steps 50] [--repeats 5] [--transports ipc,tcp]
+    python -m benchmarks.bench_op [--steps 50] [--repeats 5] [--transports ipc,tcp]
 
 A real producer process (`python -m producers synthetic`) pushes batches of
 64x224x224x3 uint8 images and int32 labels; the consumer (this process)
@@ -343,7 +343,7 @@ def median_gbps(rows: list[Row], path: str, transport: str, fmt: str, cfg: Confi
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zmq_ops.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_op", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=50, help="batches per timed repeat")

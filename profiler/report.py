@@ -8,7 +8,7 @@ import tempfile
 
 from tabulate import tabulate
 
-from trainer.config import BASELINE
+from core.config import BASELINE
 
 SCHEMA_VERSION = 1
 
