@@ -53,6 +53,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--use-fp16", action="store_true", help="fp16 compute, fp32 master weights, loss scaling")
     p.add_argument("--use-xla-compile", action="store_true")
     p.add_argument("--input-only", action="store_true", help="no model: each path's input ceiling")
+    g = p.add_argument_group("emulated devices and capacity (docs/emulated.md)")
+    g.add_argument(
+        "--model", choices=("resnet50", "emulated"), default="resnet50",
+        help="emulated: a device that consumes batches at a published rate, with no host CPU",
+    )  # fmt: skip
+    g.add_argument("--emulate", metavar="NAME", help="emulated device preset (A100, H100, H200; default H100)")
+    g.add_argument(
+        "--emulate-rate", type=float, metavar="IMAGES_PER_SEC", help="emulated rate per device (a list under --sweep)"
+    )
+    g.add_argument(
+        "--find-capacity", action="store_true",
+        help="per path, search the highest demand it sustains at >= 97%% of the emulated baseline",
+    )  # fmt: skip
     g = p.add_argument_group("producers (python-queue, python-dataset, zmq-consume)")
     g.add_argument("--producers", type=positive_int, default=2, help="producer processes the run starts")
     g.add_argument(
@@ -122,6 +135,18 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(e))
     args = parse_args(argv)
     cfg = config_from(args)
+    if (args.emulate or args.emulate_rate is not None or args.find_capacity) and cfg.model != "emulated":
+        if args.find_capacity or args.emulate or args.emulate_rate is not None:
+            cfg.model = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
+    if cfg.model == "emulated":
+        from core.emulate import EmulateError, Emulation
+
+        try:
+            Emulation.of(cfg.emulate, cfg.emulate_rate)
+        except EmulateError as e:
+            return fail(str(e))
+        if cfg.input_only:
+            return fail("--input-only and --model emulated: choose one (input-only has no device step)")
     if args.producer_rate is not None and args.producer_rate <= 0:
         return fail(f"--producer-rate {args.producer_rate:g} must be more than 0")
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
@@ -199,8 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"wrote {f}" for f in doc["files"]))
         return 0
 
+    if cfg.model == "emulated":
+        from core.emulate import Emulation
+
+        model_words = Emulation(**{k: v for k, v in cfg.emulation.items() if k != "emulated"}).label()
+        model_words += f" [source: {cfg.emulation['source']}]"
+    else:
+        model_words = f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
     print(
-        f"feedbench: ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}, "
+        f"feedbench: {model_words}, "
         f"{cfg.num_gpus} {'GPU' if has_gpu else 'CPU'} tower(s) x batch {cfg.batch}, {cfg.image_size}x{cfg.image_size}, "
         f"{cfg.variable_update}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
         flush=True,

@@ -74,7 +74,9 @@ def load(framework: str) -> dict[str, type[InputPath]]:
 def get(framework: str, name: str) -> type[InputPath]:
     paths = load(framework)
     if name not in paths:
-        raise ConfigError(f"--fake-location {name!r}: no such input path for {framework} (choose from {', '.join(paths)})")
+        raise ConfigError(
+            f"--fake-location {name!r}: no such input path for {framework} (choose from {', '.join(paths)})"
+        )
     return paths[name]
 
 

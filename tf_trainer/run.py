@@ -138,6 +138,10 @@ def op_message(e: Exception) -> str:
 def make_model(cfg: BenchConfig):
     if cfg.input_only:
         return InputOnlyModel(cfg.image_size)
+    if cfg.model == "emulated":
+        from tf_trainer.models.emulated import EmulatedModel
+
+        return EmulatedModel(cfg.image_size, cfg.emulation["images_per_sec"])
     from tf_trainer.models import ResNet50Model
 
     return ResNet50Model(

@@ -18,7 +18,7 @@ _ops = None
 # Share of a step's period of host work between two steps that the device hides, as a GPU's
 # queue hides the host launching the next step (see docs/emulated.md). Small, so that waiting
 # for input is never made up for by more than that.
-HOST_OVERLAP = 0.03
+HOST_OVERLAP = 0.1
 
 
 def emulated_ops():

@@ -9,9 +9,10 @@
 // Device time per tower follows an absolute schedule, so host overheads
 // between steps do not accumulate: a step's device time starts when its
 // batch arrives or when the previous step's device time ends, whichever is
-// later, except that up to `overlap` of a step's period of host work between
-// two steps is hidden (as a GPU's queue hides the host launching the next
-// step). Waiting for input longer than that is never made up for.
+// later, except that host work between two steps is hidden from a bank that
+// each step refills by `overlap` of a period (capped at one period), as a
+// GPU's queue hides the host launching the next step. Idle time beyond the
+// bank (waiting for input) is never made up for.
 
 #include <algorithm>
 #include <chrono>
@@ -128,9 +129,20 @@ class EmulatedDeviceStepOp : public AsyncOpKernel {
     Clock::time_point start;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      start = std::max(arrived - hidden, busy_until_);
-      if (!started_) start = arrived;
-      started_ = true;
+      if (!started_) {
+        start = arrived;
+        started_ = true;
+      } else if (arrived <= busy_until_) {
+        start = busy_until_;
+      } else {
+        // The device sat idle since busy_until_: host work between steps, or waiting for input.
+        // A bank of hidden time, refilled by `overlap` of a period per step and capped at one
+        // period, lets the device hide that much; anything longer is idle time for good.
+        bank_ = std::min(bank_ + hidden, period);
+        const Clock::duration credit = std::min(arrived - busy_until_, bank_);
+        bank_ -= credit;
+        start = arrived - credit;
+      }
       busy_until_ = start + period;
     }
     const Clock::time_point deadline = start + period;
@@ -162,6 +174,7 @@ class EmulatedDeviceStepOp : public AsyncOpKernel {
   std::mutex mu_;
   bool started_ = false;
   Clock::time_point busy_until_{};
+  Clock::duration bank_{0};
   std::mutex buffer_mu_;
   std::vector<char> buffer_;
 };
