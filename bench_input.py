@@ -240,17 +240,30 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     started = time.time()
     try:
-        for path in cfg.paths:
-            t0 = time.perf_counter()
-            print(f"- {path} ...", flush=True)
-            results[path] = run_path(cfg, path, has_gpu)
-            r = results[path]
-            print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if cfg.find_capacity:
+            from runner.capacity import find_capacities
+
+            print(f"capacity: each path against {model_words.split(' [')[0]}, probes of a few seconds", flush=True)
+            results, _ = find_capacities(cfg, lambda c, path: run_path(c, path, has_gpu), args.batch is not None)
+        else:
+            for path in cfg.paths:
+                t0 = time.perf_counter()
+                print(f"- {path} ...", flush=True)
+                results[path] = run_path(cfg, path, has_gpu)
+                r = results[path]
+                print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
     except InputError as e:
         return fail(str(e))
     report.add_ratios(results)
     print()
+    if cfg.model == "emulated":
+        print(f"{model_words}")
     print(report.table(results, cfg.num_gpus, cfg.input_only))
+    if cfg.find_capacity:
+        from runner.capacity import table as capacity_table
+
+        print()
+        print(capacity_table(results))
     if cfg.telemetry:
         from profiler.verdict import add_verdicts, line
         from profiler.verdict import table as verdict_table
@@ -261,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for path, r in results.items():
             print(line(path, r["verdict"]))
+        from profiler.attribution import sentence
+
+        print()
+        for path, r in results.items():
+            print(sentence(path, r.get("attribution")))
     if cfg.profile_dir:
         from tf_trainer.tracing import how_to_open
 
@@ -279,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "config": cfg.to_dict(),
                 "device": devices.describe(),
+                # Emulated runs say so, with the rate and its source (docs/emulated.md).
+                "model": cfg.emulation if cfg.model == "emulated" else {"emulated": False, "name": "ResNet-50"},
                 "reference": {
                     "baseline": BASELINE,
                     "baseline_images_per_sec": results.get(BASELINE, {}).get("images_per_sec"),

@@ -24,7 +24,7 @@ from tf_trainer.inputs.zmq_consume import zmq_op_input
 from tf_trainer.measure import COST_COLLECTION, StepTimer, summarize
 from tf_trainer.models.input_only import InputOnlyModel
 from tf_trainer.staging import stage_onto_devices
-from tf_trainer.telemetry import Telemetry
+from tf_trainer.telemetry import CpuUse, Telemetry
 from tf_trainer.tf_env import tf
 from tf_trainer.tracing import ProfileSteps
 
@@ -263,6 +263,8 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 callbacks.append(ProfileSteps(os.path.join(cfg.profile_dir, path), cfg.warmup_steps, 3, telemetry))
             if telemetry is not None:
                 callbacks.append(telemetry)
+                cpu_use = CpuUse(cfg.warmup_steps, cfg.warmup_steps + cfg.steps * cfg.repeats, group)
+                callbacks.append(cpu_use)
             callbacks.append(RunProgress(path, cfg.warmup_steps, cfg.warmup_steps + cfg.steps * cfg.repeats, telemetry))
             if connection_stats is not None:
                 callbacks.append(connection_stats)
@@ -294,6 +296,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 raise InputError(f"{path}: input ended after {len(timer.ends)} of {needed} steps{why}")
             result = summarize(timer, cfg.warmup_steps, cfg.steps, cfg.repeats, cfg.batch * cfg.num_gpus, cfg.num_gpus)
             result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
+            if cfg.model == "emulated":
+                result["emulated"] = dict(cfg.emulation)  # every emulated figure carries its label
+            result["batch"] = cfg.batch
             if flow is not None and flow.consumer is not None:
                 # Per producer, from sequence numbers: what arrived, what went missing or came twice.
                 result["producers"] = flow.consumer.tracker.table()
@@ -303,6 +308,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 result["batches_pulled"] = connection_stats.messages
             if telemetry is not None:
                 result["telemetry"] = telemetry.summary()
+                result["telemetry"]["cpu"] = cpu_use.summary()
                 result["telemetry"]["trainer"] = {
                     "images_per_sec": result["images_per_sec"]["median"],
                     "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],
