@@ -101,6 +101,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--producer-rate", type=float, metavar="IMAGES_PER_SEC", help="cap each producer worker (a slow loader)"
     )
     g.add_argument(
+        "--producer-busy-wait", action="store_true", help="producers spin while the consumer has no room (a polling loader)"
+    )
+    g.add_argument(
+        "--producer-cpu-ms", type=float, metavar="MS",
+        help="synthetic producers spend this much CPU per batch, as decoding would (a CPU-hungry loader)",
+    )  # fmt: skip
+    g.add_argument(
         "--profile", dest="profile_dir", metavar="DIR", help="write a TensorFlow trace of a few measured steps"
     )
     g.add_argument(
@@ -147,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             return fail(str(e))
         if cfg.input_only:
             return fail("--input-only and --model emulated: choose one (input-only has no device step)")
+    if args.producer_cpu_ms is not None and args.producer_cpu_ms < 0:
+        return fail(f"--producer-cpu-ms {args.producer_cpu_ms:g} must be 0 or more")
     if args.producer_rate is not None and args.producer_rate <= 0:
         return fail(f"--producer-rate {args.producer_rate:g} must be more than 0")
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point

@@ -59,6 +59,8 @@ class BenchConfig:
     json_path: str | None = None
     telemetry: bool = True  # per-stage telemetry and a verdict (--no-telemetry to compare its overhead)
     telemetry_every: int = 4  # trace every n-th measured step for input wait (tf_trainer/telemetry.py)
+    producer_busy_wait: bool = False  # producers spin while the consumer has no room (a polling loader)
+    producer_cpu_ms: float | None = None  # synthetic producers spend this CPU time per batch (a CPU-hungry loader)
     producer_rate: float | None = None  # cap each producer worker at this many images/s (a slow loader)
     profile_dir: str | None = None  # --profile: TensorFlow profiler trace + Chrome timeline per path
     shrunk: dict[str, tuple] = field(default_factory=dict)

@@ -39,6 +39,9 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
         "--curve-keys", metavar="DIR", help="encrypt and authenticate with the CURVE keys in DIR (see make-keys)"
     )
     g.add_argument("--quiet", action="store_true", help="no progress line")
+    g.add_argument(
+        "--busy-wait", action="store_true", help="spin while the consumer has no room (a polling loader: uses a core)"
+    )
 
 
 def send_config(args: argparse.Namespace) -> SendConfig:
@@ -53,6 +56,7 @@ def send_config(args: argparse.Namespace) -> SendConfig:
         give_up_after=args.give_up_after,
         allow_remote=args.allow_remote,
         curve_keys=args.curve_keys,
+        busy_wait=args.busy_wait,
     )
 
 
@@ -72,7 +76,10 @@ def run_producer(source, args: argparse.Namespace, describe: str) -> int:
 
 
 def _synthetic(args: argparse.Namespace) -> int:
-    source = SyntheticSource(args.batch, args.image_size, args.classes, args.pool, args.seed)
+    if args.cpu_ms_per_batch < 0:
+        print(f"error: --cpu-ms-per-batch {args.cpu_ms_per_batch:g} must be 0 or more", file=sys.stderr)
+        return 2
+    source = SyntheticSource(args.batch, args.image_size, args.classes, args.pool, args.seed, args.cpu_ms_per_batch)
     return run_producer(source, args, source.describe())
 
 
@@ -87,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=positive_int, default=1000, help="labels are drawn from 0..classes-1")
     p.add_argument("--pool", type=positive_int, default=4, help="distinct pre-generated batches to cycle")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cpu-ms-per-batch", type=float, default=0.0, metavar="MS",
+        help="spend this much CPU time on each batch, as decoding and augmenting would (a CPU-hungry loader)",
+    )  # fmt: skip
     p.set_defaults(func=_synthetic)
 
     p = sub.add_parser("make-keys", help="create CURVE key pairs for encrypted, authenticated streams")

@@ -116,6 +116,8 @@ def producer_command(
     curve_keys: str | None = None,
     rate: float | None = None,
     quiet: bool = True,
+    cpu_ms_per_batch: float | None = None,
+    busy_wait: bool = False,
 ) -> list[str]:
     """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
@@ -127,6 +129,10 @@ def producer_command(
         extra += ["--rate", f"{rate:g}"]
     if curve_keys:
         extra += ["--curve-keys", curve_keys]
+    if busy_wait:
+        extra += ["--busy-wait"]
+    if cpu_ms_per_batch and kind == "synthetic":
+        extra += ["--cpu-ms-per-batch", f"{cpu_ms_per_batch:g}"]
     return commands.producer_command(
         kind, endpoint, batch, image_size, data=data, workers=workers, fmt=fmt, quiet=quiet, extra=extra
     )

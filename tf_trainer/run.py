@@ -181,6 +181,8 @@ def _producers(cfg: BenchConfig, endpoint: str, path: str = "") -> ProducerGroup
             data=cfg.data,
             curve_keys=cfg.curve_keys,
             rate=cfg.producer_rate,
+            cpu_ms_per_batch=cfg.producer_cpu_ms,
+            busy_wait=cfg.producer_busy_wait,
             # zmq-consume has no headers to carry producer telemetry: read the producers' progress lines
             quiet=not (cfg.telemetry and path == "zmq-consume"),
         )
