@@ -101,7 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--producer-rate", type=float, metavar="IMAGES_PER_SEC", help="cap each producer worker (a slow loader)"
     )
     g.add_argument(
-        "--producer-busy-wait", action="store_true", help="producers spin while the consumer has no room (a polling loader)"
+        "--producer-busy-wait",
+        action="store_true",
+        help="producers spin while the consumer has no room (a polling loader)",
     )
     g.add_argument(
         "--producer-cpu-ms", type=float, metavar="MS",
@@ -299,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         files = write_results(
             args.out, {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
         )
+        if cfg.find_capacity:
+            from core.atomic import atomic_write
+            from profiler.plot import capacity_png
+
+            files.append(os.path.join(args.out, "capacity.png"))
+            atomic_write(files[-1], capacity_png(results))
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     if cfg.json_path:
         report.write_json(
@@ -314,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "started": started,
                 "paths": results,
+                # Per path: the highest demand sustained at >= 97% of the baseline, with every probe tried.
+                "capacity": {p: r["capacity"] for p, r in results.items() if r.get("capacity")} or None,
             },
         )
         print(f"\nwrote {cfg.json_path}")

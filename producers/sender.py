@@ -91,9 +91,7 @@ class _Telemetry:
             self._reset(now)
 
 
-def _wait_writable(
-    sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float, busy: bool = False
-) -> bool:
+def _wait_writable(sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float, busy: bool = False) -> bool:
     """Block until the socket takes a message; False if stopped or the consumer is gone.
 
     `busy` spins (poll without waiting) instead of sleeping in poll: a loader that busy-waits.
