@@ -63,6 +63,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--emulate-rate", type=float, metavar="IMAGES_PER_SEC", help="emulated rate per device (a list under --sweep)"
     )
     g.add_argument(
+        "--bench", action="store_true",
+        help="what `make bench` runs: every path on the real model; without a GPU, then every path's capacity "
+        "against emulated H100s (or --emulate NAME)",
+    )  # fmt: skip
+    g.add_argument(
         "--find-capacity", action="store_true",
         help="per path, search the highest demand it sustains at >= 97%% of the emulated baseline",
     )  # fmt: skip
@@ -135,105 +140,13 @@ def fail(message: str) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    from profiler.sweep import SweepError, split_args
-
-    try:
-        grid, argv = split_args(sys.argv[1:] if argv is None else list(argv))
-    except SweepError as e:
-        return fail(str(e))
-    args = parse_args(argv)
-    cfg = config_from(args)
-    if (args.emulate or args.emulate_rate is not None or args.find_capacity) and cfg.model != "emulated":
-        if args.find_capacity or args.emulate or args.emulate_rate is not None:
-            cfg.model = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
-    if cfg.model == "emulated":
-        from core.emulate import EmulateError, Emulation
-
-        try:
-            Emulation.of(cfg.emulate, cfg.emulate_rate)
-        except EmulateError as e:
-            return fail(str(e))
-        if cfg.input_only:
-            return fail("--input-only and --model emulated: choose one (input-only has no device step)")
-    if args.producer_cpu_ms is not None and args.producer_cpu_ms < 0:
-        return fail(f"--producer-cpu-ms {args.producer_cpu_ms:g} must be 0 or more")
-    if args.producer_rate is not None and args.producer_rate <= 0:
-        return fail(f"--producer-rate {args.producer_rate:g} must be more than 0")
-    base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
-    if grid is not None:
-        cfg.paths = grid.get("paths", cfg.paths)
-        cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
-    if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
-        return fail(f"--warmup-steps {cfg.warmup_steps} must be 0 or more")
-    if cfg.variable_update == "horovod":
-        try:
-            import horovod.tensorflow  # noqa: F401
-        except ImportError:
-            return fail(
-                "--variable-update horovod: Horovod is not importable here (it does not build against TensorFlow 2.21); use replicated or parameter_server"
-            )
-    if cfg.producer != "synthetic":
-        if not cfg.data:
-            return fail(f"--producer {cfg.producer} needs --data DIR (make one: python -m producers make-dataset DIR)")
-        if not os.path.isdir(cfg.data):
-            return fail(f"--data {cfg.data}: no such folder")
-        if cfg.producer == "dali":
-            import importlib.util
-
-            if importlib.util.find_spec("nvidia.dali") is None:
-                return fail("--producer dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
-    if "dali" in cfg.paths:
-        from tf_trainer.inputs.dali import INSTALL_HINT, plugin_available
-
-        if not cfg.data or not os.path.isdir(cfg.data):
-            return fail(
-                "--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
-            )
-        if not plugin_available():
-            return fail(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
-    if cfg.curve_keys and "zmq-consume" in cfg.paths:
-        return fail("--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset")
-    if cfg.endpoint:
-        from wire.endpoints import EndpointError, check
-
-        try:
-            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
-        except EndpointError as e:
-            return fail(str(e))
-
-    # Ctrl-C and SIGTERM stop producers and exit at once, even mid-step (see runner/shutdown.py).
-    from runner import shutdown
-
-    shutdown.install()
-
+def run_and_report(
+    cfg: BenchConfig, args: argparse.Namespace, has_gpu: bool, out: str | None, json_path: str | None
+) -> int:
+    """Run every path of `cfg` (or search their capacity), print the tables and verdicts, write the files."""
     from profiler import report
     from tf_trainer import devices
     from tf_trainer.run import InputError, run_path
-
-    gpus = devices.gpu_count()
-    has_gpu = gpus > 0
-    for note in apply_defaults(cfg, gpus):
-        print(f"note: {note}")
-    if has_gpu and cfg.num_gpus > gpus:
-        return fail(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
-    if not has_gpu and cfg.num_gpus > (os.cpu_count() or 1):
-        return fail(
-            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
-        )
-
-    if grid is not None:
-        from profiler.sweep import run_sweep
-
-        out = args.out or "results"
-        try:
-            doc = run_sweep(base, grid, gpus, out, devices.describe())
-        except InputError as e:
-            return fail(str(e))
-        print()
-        print(open(os.path.join(out, "results.md")).read())
-        print("\n".join(f"wrote {f}" for f in doc["files"]))
-        return 0
 
     if cfg.model == "emulated":
         from core.emulate import Emulation
@@ -295,22 +208,22 @@ def main(argv: list[str] | None = None) -> int:
 
         print()
         print(how_to_open(cfg.profile_dir))
-    if args.out:
+    if out:
         from profiler.sweep import rows_of, write_results
 
         files = write_results(
-            args.out, {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
+            out, {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
         )
         if cfg.find_capacity:
             from core.atomic import atomic_write
             from profiler.plot import capacity_png
 
-            files.append(os.path.join(args.out, "capacity.png"))
+            files.append(os.path.join(out, "capacity.png"))
             atomic_write(files[-1], capacity_png(results))
         print("\n" + "\n".join(f"wrote {f}" for f in files))
-    if cfg.json_path:
+    if json_path:
         report.write_json(
-            cfg.json_path,
+            json_path,
             {
                 "config": cfg.to_dict(),
                 "device": devices.describe(),
@@ -326,8 +239,125 @@ def main(argv: list[str] | None = None) -> int:
                 "capacity": {p: r["capacity"] for p, r in results.items() if r.get("capacity")} or None,
             },
         )
-        print(f"\nwrote {cfg.json_path}")
+        print(f"\nwrote {json_path}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from profiler.sweep import SweepError, split_args
+
+    try:
+        grid, argv = split_args(sys.argv[1:] if argv is None else list(argv))
+    except SweepError as e:
+        return fail(str(e))
+    args = parse_args(argv)
+    cfg = config_from(args)
+    if (args.emulate or args.emulate_rate is not None or args.find_capacity) and not args.bench:
+        cfg.model = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
+    if cfg.model == "emulated":
+        from core.emulate import EmulateError, Emulation
+
+        try:
+            Emulation.of(cfg.emulate, cfg.emulate_rate)
+        except EmulateError as e:
+            return fail(str(e))
+        if cfg.input_only:
+            return fail("--input-only and --model emulated: choose one (input-only has no device step)")
+    if args.producer_cpu_ms is not None and args.producer_cpu_ms < 0:
+        return fail(f"--producer-cpu-ms {args.producer_cpu_ms:g} must be 0 or more")
+    if args.producer_rate is not None and args.producer_rate <= 0:
+        return fail(f"--producer-rate {args.producer_rate:g} must be more than 0")
+    base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
+    if grid is not None:
+        cfg.paths = grid.get("paths", cfg.paths)
+        cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
+    if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
+        return fail(f"--warmup-steps {cfg.warmup_steps} must be 0 or more")
+    if cfg.variable_update == "horovod":
+        try:
+            import horovod.tensorflow  # noqa: F401
+        except ImportError:
+            return fail(
+                "--variable-update horovod: Horovod is not importable here (it does not build against TensorFlow 2.21); use replicated or parameter_server"
+            )
+    if cfg.producer != "synthetic":
+        if not cfg.data:
+            return fail(f"--producer {cfg.producer} needs --data DIR (make one: python -m producers make-dataset DIR)")
+        if not os.path.isdir(cfg.data):
+            return fail(f"--data {cfg.data}: no such folder")
+        if cfg.producer == "dali":
+            import importlib.util
+
+            if importlib.util.find_spec("nvidia.dali") is None:
+                return fail("--producer dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
+    if "dali" in cfg.paths:
+        from tf_trainer.inputs.dali import INSTALL_HINT, plugin_available
+
+        if not cfg.data or not os.path.isdir(cfg.data):
+            return fail(
+                "--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
+            )
+        if not plugin_available():
+            return fail(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
+    if cfg.curve_keys and "zmq-consume" in cfg.paths:
+        return fail("--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset")
+    if cfg.endpoint:
+        from wire.endpoints import EndpointError, check
+
+        try:
+            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
+        except EndpointError as e:
+            return fail(str(e))
+
+    # Ctrl-C and SIGTERM stop producers and exit at once, even mid-step (see runner/shutdown.py).
+    from runner import shutdown
+
+    shutdown.install()
+
+    from tf_trainer import devices
+    from tf_trainer.run import InputError
+
+    gpus = devices.gpu_count()
+    has_gpu = gpus > 0
+    for note in apply_defaults(cfg, gpus):
+        print(f"note: {note}")
+    if has_gpu and cfg.num_gpus > gpus:
+        return fail(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
+    if not has_gpu and cfg.num_gpus > (os.cpu_count() or 1):
+        return fail(
+            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
+        )
+
+    if grid is not None:
+        from profiler.sweep import run_sweep
+
+        out = args.out or "results"
+        try:
+            doc = run_sweep(base, grid, gpus, out, devices.describe())
+        except InputError as e:
+            return fail(str(e))
+        print()
+        print(open(os.path.join(out, "results.md")).read())
+        print("\n".join(f"wrote {f}" for f in doc["files"]))
+        return 0
+
+    rc = run_and_report(cfg, args, has_gpu, args.out, cfg.json_path)
+    if rc == 0 and args.bench and not has_gpu:
+        # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
+        # H100s each path would keep fed (docs/emulated.md).
+        cap = replace(base, model="emulated", emulate=base.emulate or "H100", find_capacity=True, shrunk={})
+        cap.batch, cap.image_size, cap.warmup_steps, cap.steps, cap.repeats = None, None, None, None, None
+        for note in apply_defaults(cap, gpus):
+            print(f"note: {note}")
+        print()
+        rc = run_and_report(
+            cap,
+            args,
+            has_gpu,
+            os.path.join(args.out, "capacity") if args.out else None,
+            cfg.json_path.replace(".json", "") + "-capacity.json" if cfg.json_path else None,
+        )
+    return rc
 
 
 if __name__ == "__main__":
