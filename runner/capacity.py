@@ -18,7 +18,7 @@ from dataclasses import replace
 from core.config import BASELINE, BenchConfig, emulated_batch
 from profiler.capacity import CapacitySearch
 
-PROBE_STEPS = {"warmup_steps": 4, "steps": 20, "repeats": 1}
+PROBE_STEPS = {"warmup_steps": 8, "steps": 20, "repeats": 1}
 
 
 def probe_config(cfg: BenchConfig, rate: float, batch_given: bool) -> BenchConfig:
