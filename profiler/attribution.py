@@ -84,4 +84,6 @@ def sentence(path: str, a: dict | None) -> str:
             f"{joiner} {cpu['input_cores']:.1f} cores "
             f"(producers {cpu['producer_cores']:.1f}, receive {cpu['receive_cores']:.1f})"
         )
+    if path == "cpu":
+        words += "; the cpu path makes its images in TensorFlow's own threads, counted with the trainer"
     return words

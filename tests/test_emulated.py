@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +17,7 @@ from runner.capacity import find_capacities
 from tf_trainer.run import run_path
 
 pytestmark = pytest.mark.timeout(600)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def emulated(rate: float, **kw) -> BenchConfig:
@@ -85,3 +90,30 @@ def test_a_cpu_hungry_loader_with_ample_rate_makes_the_gap_slower_steps() -> Non
     assert a["cpu"]["producer_cores"] > 0.3, a["cpu"]
     assert a["waiting"] + a["slower_steps"] == pytest.approx(a["gap"])
     assert "slower steps while the input used" in sentence("zmq-consume", a)
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "bench_input.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_sweep_over_emulated_rates_labels_every_row(tmp_path) -> None:
+    out = tmp_path / "results"
+    p = bench("--sweep", "--emulate-rate", "500,1000", "--fake-location", "gpu", "--image-size", "32",
+              "--warmup-steps", "2", "--steps", "4", "--repeats", "1", "--out", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["model"], r["emulated_images_per_sec_per_device"]) for r in rows] == [
+        ("emulated custom", 500.0),
+        ("emulated custom", 1000.0),
+    ]
+    assert "emulated custom (500 img/s per device)" in (out / "results.md").read_text()
+
+
+def test_an_unknown_preset_is_one_clear_line() -> None:
+    p = bench("--emulate", "TPU9")
+    assert p.returncode == 2
+    assert (
+        p.stderr.strip() == "error: --emulate TPU9: unknown device; known: A100, H100, H200 (or give --emulate-rate N)"
+    )
