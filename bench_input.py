@@ -4,54 +4,79 @@
 Trains ResNet-50 on several devices, fed by each input path in turn, and
 reports images/s against the same model fed by data already on the device:
 
-    python bench_input.py                              # all five paths
+    python bench_input.py                              # every path of the default run
     python bench_input.py --fake-location zmq-consume  # one path and the gpu baseline
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
-from dataclasses import replace
 
-from core.config import ALL_PATHS, BASELINE, PATHS, BenchConfig, apply_defaults
+from runner import shutdown  # light: signal handling goes in before TensorFlow or matplotlib start threads
+
+MEMORY_SHARE = 16  # a run keeps about this many batches in memory (queues, staging, producer pools)
 
 
-def positive_int(text: str) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: every failure a user can cause is one line, `error: ...`, and exit code 2."""
+    shutdown.install()
+    from core.errors import FeedbenchError
+
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except FeedbenchError as e:
+        return fail(str(e))
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors raised as ConfigError: one line, exit code 2, like every other."""
+
+    def error(self, message: str):
+        from core.errors import ConfigError
+
+        raise ConfigError(message)
+
+
+def parse_args(argv: list[str], paths: dict):
+    """The flags; input path names and their help come from the registry."""
+    from core.cli_types import non_negative_int, positive_float, positive_int
+    from core.registry import BASELINE
+    from producers.commands import KINDS
+
+    p = _Parser(prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    listing = "; ".join(f"{n}: {c.summary}" for n, c in paths.items())
+    default_run = ", ".join(n for n, c in paths.items() if c.in_default_run)
+    p.add_argument(
+        "--fake-location", choices=list(paths), metavar="PATH",
+        help=f"run this input path and the {BASELINE} baseline (default: {default_run}). Paths: {listing}",
+    )  # fmt: skip
+    p.add_argument(
+        "--num-gpus", type=positive_int, help="towers (devices); default: every GPU, or 2 CPU devices without a GPU"
+    )
+    p.add_argument("--batch", type=positive_int, help="batch size per device (default 64; 4 without a GPU)")
+    p.add_argument("--image-size", type=positive_int, help="image height and width (default 224; 64 without a GPU)")
+    p.add_argument(
+        "--warmup-steps", type=non_negative_int, help="steps run before timing (default 20; 2 without a GPU)"
+    )
+    p.add_argument("--steps", type=positive_int, help="timed steps per repeat (default 100; 4 without a GPU)")
+    p.add_argument(
+        "--repeats", type=positive_int, help="timed repeats; the median is reported (default 7; 3 without a GPU)"
     )
     p.add_argument(
-        "--fake-location", choices=ALL_PATHS, help="run this input path and the gpu baseline (default: all paths)"
-    )
-    p.add_argument(
-        "--num-gpus",
-        type=positive_int,
-        help="towers (devices); default: every GPU, or 2 CPU devices when there is no GPU",
-    )
-    p.add_argument("--batch", type=positive_int, help="batch size per device")
-    p.add_argument("--image-size", type=positive_int)
-    p.add_argument("--warmup-steps", type=int, help="steps run before timing (default 20; fewer on CPU)")
-    p.add_argument("--steps", type=positive_int, help="timed steps per repeat (default 100; fewer on CPU)")
-    p.add_argument("--repeats", type=positive_int, help="timed repeats; the median is reported (default 7)")
-    p.add_argument("--variable-update", choices=("replicated", "parameter_server", "horovod"), default="replicated")
-    p.add_argument("--ps-device", choices=("cpu", "gpu"), default="cpu")
-    p.add_argument("--resnet-version", choices=("1", "1.5"), default="1.5")
+        "--variable-update", type=_variable_update, choices=("replicated", "parameter_server"), default="replicated",
+        help="how towers share variables: all-reduced copies per device, or one copy on --ps-device",
+    )  # fmt: skip
+    p.add_argument("--ps-device", choices=("cpu", "gpu"), default="cpu", help="where parameter_server keeps variables")
+    p.add_argument("--resnet-version", choices=("1", "1.5"), default="1.5", help="ResNet-50 v1 or v1.5 (stride in 3x3)")
     p.add_argument("--data-format", choices=("NCHW", "NHWC"), help="default NCHW on GPU, NHWC on CPU")
     p.add_argument("--use-fp16", action="store_true", help="fp16 compute, fp32 master weights, loss scaling")
-    p.add_argument("--use-xla-compile", action="store_true")
+    p.add_argument("--use-xla-compile", action="store_true", help="compile each tower's step with XLA")
     p.add_argument("--input-only", action="store_true", help="no model: each path's input ceiling")
     g = p.add_argument_group("emulated devices and capacity (docs/emulated.md)")
     g.add_argument(
@@ -60,29 +85,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     g.add_argument("--emulate", metavar="NAME", help="emulated device preset (A100, H100, H200; default H100)")
     g.add_argument(
-        "--emulate-rate", type=float, metavar="IMAGES_PER_SEC", help="emulated rate per device (a list under --sweep)"
-    )
-    g.add_argument(
-        "--bench", action="store_true",
-        help="what `make bench` runs: every path on the real model; without a GPU, then every path's capacity "
-        "against emulated H100s (or --emulate NAME)",
+        "--emulate-rate", type=positive_float, metavar="IMAGES_PER_SEC",
+        help="emulated rate per device (a list under --sweep)",
     )  # fmt: skip
     g.add_argument(
         "--find-capacity", action="store_true",
         help="per path, search the highest demand it sustains at >= 97%% of the emulated baseline",
     )  # fmt: skip
-    g = p.add_argument_group("producers (python-queue, python-dataset, zmq-consume)")
-    g.add_argument("--producers", type=positive_int, default=2, help="producer processes the run starts")
     g.add_argument(
-        "--producer", choices=("synthetic", "decode", "dali"), default="synthetic",
+        "--bench", action="store_true",
+        help="what `make bench` runs: every path on the real model; without a GPU, then every path's capacity "
+        "against emulated H100s (or --emulate NAME)",
+    )  # fmt: skip
+    g = p.add_argument_group("producers (for paths that read from producers)")
+    g.add_argument("--producers", type=positive_int, default=2, help="how many producer processes the run starts")
+    g.add_argument(
+        "--producer-kind", choices=KINDS, default="synthetic",
         help="what the producers send: random images, JPEGs decoded in Python, or a DALI pipeline",
     )  # fmt: skip
-    g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer decode|dali")
+    g.add_argument("--producer", dest="producer_kind", choices=KINDS, help=argparse.SUPPRESS)  # the old spelling
+    g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer-kind decode|dali and dali")
     g.add_argument("--producer-workers", type=positive_int, default=1, help="worker processes per producer")
-    g.add_argument("--wire-format", choices=("native", "zmq_ops"), default="native")
+    g.add_argument(
+        "--dali-threads", type=positive_int, default=1, help="threads of each DALI pipeline (dali producers, dali path)"
+    )
+    g.add_argument("--wire-format", choices=("native", "zmq_ops"), default="native", help="wire format (docs/wire.md)")
     g.add_argument("--endpoint", help="use an external producer: bind this endpoint and wait for it")
     g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ high-water mark, in batches")
-    g.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without a batch before the run fails")
+    g.add_argument(
+        "--recv-timeout", type=positive_float, default=60.0, help="seconds without a batch before the run fails"
+    )
     g.add_argument(
         "--on-producer-exit", choices=("stop", "continue"), default="stop",
         help="when one of the run's producers dies: stop the run, or train on with the others",
@@ -94,16 +126,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
     )
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the Python paths' streams (CURVE)")
-    p.add_argument("--json", dest="json_path", help="write the results to this JSON file")
+    p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     g = p.add_argument_group("profiling and sweeps (docs/profiling.md)")
     g.add_argument(
-        "--no-telemetry",
-        dest="telemetry",
-        action="store_false",
+        "--no-telemetry", dest="telemetry", action="store_false",
         help="no per-stage telemetry or verdict (to see its cost)",
-    )
+    )  # fmt: skip
     g.add_argument(
-        "--producer-rate", type=float, metavar="IMAGES_PER_SEC", help="cap each producer worker (a slow loader)"
+        "--producer-rate",
+        type=positive_float,
+        metavar="IMAGES_PER_SEC",
+        help="cap each producer worker (a slow loader)",
     )
     g.add_argument(
         "--producer-busy-wait",
@@ -111,7 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="producers spin while the consumer has no room (a polling loader)",
     )
     g.add_argument(
-        "--producer-cpu-ms", type=float, metavar="MS",
+        "--producer-cpu-ms", type=positive_float, metavar="MS",
         help="synthetic producers spend this much CPU per batch, as decoding would (a CPU-hungry loader)",
     )  # fmt: skip
     g.add_argument(
@@ -125,63 +158,191 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def config_from(args: argparse.Namespace) -> BenchConfig:
-    paths = (
-        [BASELINE, args.fake_location]
-        if args.fake_location and args.fake_location != BASELINE
-        else ([BASELINE] if args.fake_location else list(PATHS))
-    )
-    fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}
-    return BenchConfig(paths=paths, **fields)
+def _variable_update(text: str) -> str:
+    if text == "horovod":
+        raise argparse.ArgumentTypeError(
+            "horovod: Horovod is not offered (it does not build against TensorFlow 2.21); "
+            "use replicated or parameter_server"
+        )
+    return text
 
 
-def fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+def config_from(args, paths: dict):
+    """The run's BenchConfig: the chosen path after the baseline, or the registry's default run."""
+    from core.config import BenchConfig
+    from core.registry import BASELINE
 
-
-def run_and_report(
-    cfg: BenchConfig, args: argparse.Namespace, has_gpu: bool, out: str | None, json_path: str | None
-) -> int:
-    """Run every path of `cfg` (or search their capacity), print the tables and verdicts, write the files."""
-    from profiler import report
-    from tf_trainer import devices
-    from tf_trainer.run import InputError, run_path
-
-    if cfg.model == "emulated":
-        from core.emulate import Emulation
-
-        model_words = Emulation(**{k: v for k, v in cfg.emulation.items() if k != "emulated"}).label()
-        model_words += f" [source: {cfg.emulation['source']}]"
+    if args.fake_location:
+        chosen = [BASELINE] + ([args.fake_location] if args.fake_location != BASELINE else [])
     else:
-        model_words = f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
+        chosen = [n for n, c in paths.items() if c.in_default_run]
+    fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}
+    if (args.emulate or args.emulate_rate is not None or args.find_capacity) and not args.bench:
+        fields["model"] = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
+    return BenchConfig(paths=chosen, **fields)
+
+
+def validate(cfg, paths: dict) -> None:
+    """Every check that needs no device: producer flags, each chosen path's own, the endpoint (ConfigError)."""
+    from core.errors import ConfigError
+    from runner.producer_group import check_producer_flags
+    from wire.endpoints import EndpointError, check
+
+    check_producer_flags(cfg)
+    if cfg.model == "emulated":
+        from core.emulate import EmulateError, Emulation
+
+        try:
+            Emulation.of(cfg.emulate, cfg.emulate_rate)
+        except EmulateError as e:
+            raise ConfigError(str(e)) from None
+        if cfg.input_only:
+            raise ConfigError("--input-only and --model emulated: choose one (input-only has no device step)")
+    for name in cfg.paths:
+        paths[name].validate(cfg)
+    if cfg.endpoint:
+        try:
+            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
+        except EndpointError as e:
+            raise ConfigError(str(e)) from None
+
+
+def check_machine(cfg, gpus: int) -> None:
+    """Towers the machine has, and a batch it can hold (ConfigError)."""
+    import os
+
+    import psutil
+
+    from core.errors import ConfigError
+
+    if gpus and cfg.num_gpus > gpus:
+        raise ConfigError(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
+    if not gpus and cfg.num_gpus > (os.cpu_count() or 1):
+        raise ConfigError(
+            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
+        )
+    batch_bytes = cfg.batch * cfg.image_size * cfg.image_size * 3
+    available = psutil.virtual_memory().available
+    if batch_bytes * MEMORY_SHARE > available:
+        raise ConfigError(
+            f"--image-size {cfg.image_size}: one batch of {cfg.batch} is {batch_bytes / 1e9:.1f} GB, and a run keeps "
+            f"about {MEMORY_SHARE} batches in memory; this machine has {available / 1e9:.1f} GB available"
+        )
+
+
+def _main(argv: list[str]) -> int:
+    import os
+    from dataclasses import replace
+
+    from core import registry
+    from core.errors import ConfigError
+    from profiler.report import check_output_places
+    from profiler.sweep import SweepError, split_args
+
+    paths = registry.load("tf")
+    try:
+        grid, argv = split_args(argv, list(paths))
+    except SweepError as e:
+        raise ConfigError(str(e)) from None
+    args = parse_args(argv, paths)
+    check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
+    cfg = config_from(args, paths)
+    base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
+    if grid is not None:
+        cfg.paths = grid.get("paths", cfg.paths)
+        cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
+    validate(cfg, paths)
+
+    from core.config import apply_defaults
+    from tf_trainer import devices
+
+    gpus = devices.gpu_count()
+    for note in apply_defaults(cfg, gpus):
+        print(f"note: {note}")
+    check_machine(cfg, gpus)
+    if grid is not None:
+        return _sweep(base, grid, gpus, args.out or "results")
+    started, results = _run(cfg, gpus > 0, batch_given=args.batch is not None)
+    _report(cfg, results, args.out, started)
+    if args.bench and not gpus:
+        # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
+        # H100s each path would keep fed (docs/emulated.md).
+        cap = replace(base, model="emulated", emulate=base.emulate or "H100", find_capacity=True, shrunk={})
+        cap.batch = cap.image_size = cap.warmup_steps = cap.steps = cap.repeats = None
+        if cap.json_path:
+            cap.json_path = cap.json_path.removesuffix(".json") + "-capacity.json"
+        validate(cap, paths)
+        for note in apply_defaults(cap, gpus):
+            print(f"note: {note}")
+        print()
+        started, results = _run(cap, False, batch_given=False)
+        _report(cap, results, os.path.join(args.out, "capacity") if args.out else None, started)
+    return 0
+
+
+def _sweep(base, grid: dict, gpus: int, out: str) -> int:
+    import os
+
+    from profiler.sweep import run_sweep
+    from tf_trainer import devices
+
+    doc = run_sweep(base, grid, gpus, out, devices.describe())
+    print()
+    print(open(os.path.join(out, "results.md")).read())
+    print("\n".join(f"wrote {f}" for f in doc["files"]))
+    return 0
+
+
+def _model_words(cfg) -> str:
+    """What the run trains: ResNet-50, or an emulated device with its rate and source."""
+    if cfg.model == "emulated":
+        e = cfg.emulation
+        return f"emulated {e['device']} ({e['images_per_sec']:.0f} img/s per device) [source: {e['source']}]"
+    return f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
+
+
+def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str, dict]]:
+    """Every chosen path in turn, one line each as it finishes (or, with --find-capacity, each path's capacity)."""
+    import time
+
+    from tf_trainer.run import run_path
+
+    if cfg.find_capacity:
+        from runner.capacity import find_capacities
+
+        print(f"capacity: each path against {_model_words(cfg)}; probes of a few seconds", flush=True)
+        started = time.time()
+        results, _ = find_capacities(cfg, lambda c, path: run_path(c, path, has_gpu), batch_given)
+        return started, results
     print(
-        f"feedbench: {model_words}, "
+        f"feedbench: {_model_words(cfg)}, "
         f"{cfg.num_gpus} {'GPU' if has_gpu else 'CPU'} tower(s) x batch {cfg.batch}, {cfg.image_size}x{cfg.image_size}, "
         f"{cfg.variable_update}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
         flush=True,
     )
     results: dict[str, dict] = {}
     started = time.time()
-    try:
-        if cfg.find_capacity:
-            from runner.capacity import find_capacities
+    for path in cfg.paths:
+        t0 = time.perf_counter()
+        print(f"- {path} ...", flush=True)
+        r = results[path] = run_path(cfg, path, has_gpu)
+        print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return started, results
 
-            print(f"capacity: each path against {model_words.split(' [')[0]}, probes of a few seconds", flush=True)
-            results, _ = find_capacities(cfg, lambda c, path: run_path(c, path, has_gpu), args.batch is not None)
-        else:
-            for path in cfg.paths:
-                t0 = time.perf_counter()
-                print(f"- {path} ...", flush=True)
-                results[path] = run_path(cfg, path, has_gpu)
-                r = results[path]
-                print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
-    except InputError as e:
-        return fail(str(e))
+
+def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> None:
+    """The tables, the verdicts, and the files asked for."""
+    from core import registry
+    from profiler import report
+    from profiler.attribution import sentence
+    from profiler.verdict import add_verdicts, line
+    from profiler.verdict import table as verdict_table
+    from tf_trainer import devices
+
     report.add_ratios(results)
     print()
     if cfg.model == "emulated":
-        print(f"{model_words}")
+        print(_model_words(cfg))
     print(report.table(results, cfg.num_gpus, cfg.input_only))
     if cfg.find_capacity:
         from runner.capacity import table as capacity_table
@@ -189,17 +350,12 @@ def run_and_report(
         print()
         print(capacity_table(results))
     if cfg.telemetry:
-        from profiler.verdict import add_verdicts, line
-        from profiler.verdict import table as verdict_table
-
         add_verdicts(results)
         print()
         print(verdict_table(results))
         print()
         for path, r in results.items():
             print(line(path, r["verdict"]))
-        from profiler.attribution import sentence
-
         print()
         for path, r in results.items():
             print(sentence(path, r.get("attribution")))
@@ -211,153 +367,34 @@ def run_and_report(
     if out:
         from profiler.sweep import rows_of, write_results
 
-        files = write_results(
-            out, {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
-        )
+        doc = {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
+        files = write_results(out, doc, registry.names("tf"))
         if cfg.find_capacity:
+            import os
+
             from core.atomic import atomic_write
             from profiler.plot import capacity_png
 
             files.append(os.path.join(out, "capacity.png"))
             atomic_write(files[-1], capacity_png(results))
         print("\n" + "\n".join(f"wrote {f}" for f in files))
-    if json_path:
+    if cfg.json_path:
+        base = results.get(registry.BASELINE, {})
         report.write_json(
-            json_path,
+            cfg.json_path,
             {
                 "config": cfg.to_dict(),
                 "device": devices.describe(),
                 # Emulated runs say so, with the rate and its source (docs/emulated.md).
                 "model": cfg.emulation if cfg.model == "emulated" else {"emulated": False, "name": "ResNet-50"},
-                "reference": {
-                    "baseline": BASELINE,
-                    "baseline_images_per_sec": results.get(BASELINE, {}).get("images_per_sec"),
-                },
+                "reference": {"baseline": registry.BASELINE, "baseline_images_per_sec": base.get("images_per_sec")},
                 "started": started,
                 "paths": results,
                 # Per path: the highest demand sustained at >= 97% of the baseline, with every probe tried.
                 "capacity": {p: r["capacity"] for p, r in results.items() if r.get("capacity")} or None,
             },
         )
-        print(f"\nwrote {json_path}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from profiler.sweep import SweepError, split_args
-
-    try:
-        grid, argv = split_args(sys.argv[1:] if argv is None else list(argv))
-    except SweepError as e:
-        return fail(str(e))
-    args = parse_args(argv)
-    cfg = config_from(args)
-    if (args.emulate or args.emulate_rate is not None or args.find_capacity) and not args.bench:
-        cfg.model = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
-    if cfg.model == "emulated":
-        from core.emulate import EmulateError, Emulation
-
-        try:
-            Emulation.of(cfg.emulate, cfg.emulate_rate)
-        except EmulateError as e:
-            return fail(str(e))
-        if cfg.input_only:
-            return fail("--input-only and --model emulated: choose one (input-only has no device step)")
-    if args.producer_cpu_ms is not None and args.producer_cpu_ms < 0:
-        return fail(f"--producer-cpu-ms {args.producer_cpu_ms:g} must be 0 or more")
-    if args.producer_rate is not None and args.producer_rate <= 0:
-        return fail(f"--producer-rate {args.producer_rate:g} must be more than 0")
-    base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
-    if grid is not None:
-        cfg.paths = grid.get("paths", cfg.paths)
-        cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
-    if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
-        return fail(f"--warmup-steps {cfg.warmup_steps} must be 0 or more")
-    if cfg.variable_update == "horovod":
-        try:
-            import horovod.tensorflow  # noqa: F401
-        except ImportError:
-            return fail(
-                "--variable-update horovod: Horovod is not importable here (it does not build against TensorFlow 2.21); use replicated or parameter_server"
-            )
-    if cfg.producer != "synthetic":
-        if not cfg.data:
-            return fail(f"--producer {cfg.producer} needs --data DIR (make one: python -m producers make-dataset DIR)")
-        if not os.path.isdir(cfg.data):
-            return fail(f"--data {cfg.data}: no such folder")
-        if cfg.producer == "dali":
-            import importlib.util
-
-            if importlib.util.find_spec("nvidia.dali") is None:
-                return fail("--producer dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
-    if "dali" in cfg.paths:
-        from tf_trainer.inputs.dali import INSTALL_HINT, plugin_available
-
-        if not cfg.data or not os.path.isdir(cfg.data):
-            return fail(
-                "--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
-            )
-        if not plugin_available():
-            return fail(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
-    if cfg.curve_keys and "zmq-consume" in cfg.paths:
-        return fail("--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset")
-    if cfg.endpoint:
-        from wire.endpoints import EndpointError, check
-
-        try:
-            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
-        except EndpointError as e:
-            return fail(str(e))
-
-    # Ctrl-C and SIGTERM stop producers and exit at once, even mid-step (see runner/shutdown.py).
-    from runner import shutdown
-
-    shutdown.install()
-
-    from tf_trainer import devices
-    from tf_trainer.run import InputError
-
-    gpus = devices.gpu_count()
-    has_gpu = gpus > 0
-    for note in apply_defaults(cfg, gpus):
-        print(f"note: {note}")
-    if has_gpu and cfg.num_gpus > gpus:
-        return fail(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
-    if not has_gpu and cfg.num_gpus > (os.cpu_count() or 1):
-        return fail(
-            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
-        )
-
-    if grid is not None:
-        from profiler.sweep import run_sweep
-
-        out = args.out or "results"
-        try:
-            doc = run_sweep(base, grid, gpus, out, devices.describe())
-        except InputError as e:
-            return fail(str(e))
-        print()
-        print(open(os.path.join(out, "results.md")).read())
-        print("\n".join(f"wrote {f}" for f in doc["files"]))
-        return 0
-
-    rc = run_and_report(cfg, args, has_gpu, args.out, cfg.json_path)
-    if rc == 0 and args.bench and not has_gpu:
-        # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
-        # H100s each path would keep fed (docs/emulated.md).
-        cap = replace(base, model="emulated", emulate=base.emulate or "H100", find_capacity=True, shrunk={})
-        cap.batch, cap.image_size, cap.warmup_steps, cap.steps, cap.repeats = None, None, None, None, None
-        for note in apply_defaults(cap, gpus):
-            print(f"note: {note}")
-        print()
-        rc = run_and_report(
-            cap,
-            args,
-            has_gpu,
-            os.path.join(args.out, "capacity") if args.out else None,
-            cfg.json_path.replace(".json", "") + "-capacity.json" if cfg.json_path else None,
-        )
-    return rc
+        print(f"\nwrote {cfg.json_path}")
 
 
 if __name__ == "__main__":
