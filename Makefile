@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedbench-installed
-BENCH_ARGS ?=
+BENCH_ARGS ?= --bench --out results
 TEST_ARGS ?=
 
 .PHONY: install op bench test lint fuzz soak clean
@@ -18,6 +18,7 @@ $(STAMP): setup.py scripts/setup_env.sh
 # Rebuilds the op only when its sources or the installed TensorFlow changed.
 op: $(STAMP)
 	$(PY) zmq_ops/build.py
+	$(PY) tf_trainer/models/emulated_op/build.py
 
 bench: install
 	$(PY) bench_input.py $(BENCH_ARGS)
@@ -29,4 +30,4 @@ lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf build *.egg-info zmq_ops/*.so results
+	rm -rf build *.egg-info zmq_ops/*.so tf_trainer/models/emulated_op/*.so results

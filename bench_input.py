@@ -78,6 +78,25 @@ def parse_args(argv: list[str], paths: dict):
     p.add_argument("--use-fp16", action="store_true", help="fp16 compute, fp32 master weights, loss scaling")
     p.add_argument("--use-xla-compile", action="store_true", help="compile each tower's step with XLA")
     p.add_argument("--input-only", action="store_true", help="no model: each path's input ceiling")
+    g = p.add_argument_group("emulated devices and capacity (docs/emulated.md)")
+    g.add_argument(
+        "--model", choices=("resnet50", "emulated"), default="resnet50",
+        help="emulated: a device that consumes batches at a published rate, with no host CPU",
+    )  # fmt: skip
+    g.add_argument("--emulate", metavar="NAME", help="emulated device preset (A100, H100, H200; default H100)")
+    g.add_argument(
+        "--emulate-rate", type=positive_float, metavar="IMAGES_PER_SEC",
+        help="emulated rate per device (a list under --sweep)",
+    )  # fmt: skip
+    g.add_argument(
+        "--find-capacity", action="store_true",
+        help="per path, search the highest demand it sustains at >= 97%% of the emulated baseline",
+    )  # fmt: skip
+    g.add_argument(
+        "--bench", action="store_true",
+        help="what `make bench` runs: every path on the real model; without a GPU, then every path's capacity "
+        "against emulated H100s (or --emulate NAME)",
+    )  # fmt: skip
     g = p.add_argument_group("producers (for paths that read from producers)")
     g.add_argument("--producers", type=positive_int, default=2, help="how many producer processes the run starts")
     g.add_argument(
@@ -124,6 +143,15 @@ def parse_args(argv: list[str], paths: dict):
         help="cap each producer worker (a slow loader)",
     )
     g.add_argument(
+        "--producer-busy-wait",
+        action="store_true",
+        help="producers spin while the consumer has no room (a polling loader)",
+    )
+    g.add_argument(
+        "--producer-cpu-ms", type=positive_float, metavar="MS",
+        help="synthetic producers spend this much CPU per batch, as decoding would (a CPU-hungry loader)",
+    )  # fmt: skip
+    g.add_argument(
         "--profile", dest="profile_dir", metavar="DIR", help="write a TensorFlow trace of a few measured steps"
     )
     g.add_argument(
@@ -153,6 +181,8 @@ def config_from(args, paths: dict):
     else:
         chosen = [n for n, c in paths.items() if c.in_default_run]
     fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}
+    if (args.emulate or args.emulate_rate is not None or args.find_capacity) and not args.bench:
+        fields["model"] = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
     return BenchConfig(paths=chosen, **fields)
 
 
@@ -163,6 +193,15 @@ def validate(cfg, paths: dict) -> None:
     from wire.endpoints import EndpointError, check, check_reachable
 
     check_producer_flags(cfg)
+    if cfg.model == "emulated":
+        from core.emulate import EmulateError, Emulation
+
+        try:
+            Emulation.of(cfg.emulate, cfg.emulate_rate)
+        except EmulateError as e:
+            raise ConfigError(str(e)) from None
+        if cfg.input_only:
+            raise ConfigError("--input-only and --model emulated: choose one (input-only has no device step)")
     for name in cfg.paths:
         paths[name].validate(cfg)
     if cfg.endpoint:
@@ -199,6 +238,7 @@ def check_machine(cfg, gpus: int) -> None:
 
 
 def _main(argv: list[str]) -> int:
+    import os
     from dataclasses import replace
 
     from core import registry
@@ -229,8 +269,21 @@ def _main(argv: list[str]) -> int:
     check_machine(cfg, gpus)
     if grid is not None:
         return _sweep(base, grid, gpus, args.out or "results")
-    started, results = _run(cfg, gpus > 0)
+    started, results = _run(cfg, gpus > 0, batch_given=args.batch is not None)
     _report(cfg, results, args.out, started)
+    if args.bench and not gpus:
+        # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
+        # H100s each path would keep fed (docs/emulated.md).
+        cap = replace(base, model="emulated", emulate=base.emulate or "H100", find_capacity=True, shrunk={})
+        cap.batch = cap.image_size = cap.warmup_steps = cap.steps = cap.repeats = None
+        if cap.json_path:
+            cap.json_path = cap.json_path.removesuffix(".json") + "-capacity.json"
+        validate(cap, paths)
+        for note in apply_defaults(cap, gpus):
+            print(f"note: {note}")
+        print()
+        started, results = _run(cap, False, batch_given=False)
+        _report(cap, results, os.path.join(args.out, "capacity") if args.out else None, started)
     return 0
 
 
@@ -247,14 +300,29 @@ def _sweep(base, grid: dict, gpus: int, out: str) -> int:
     return 0
 
 
-def _run(cfg, has_gpu: bool) -> tuple[float, dict[str, dict]]:
-    """Every chosen path in turn, one line each as it finishes."""
+def _model_words(cfg) -> str:
+    """What the run trains: ResNet-50, or an emulated device with its rate and source."""
+    if cfg.model == "emulated":
+        e = cfg.emulation
+        return f"emulated {e['device']} ({e['images_per_sec']:.0f} img/s per device) [source: {e['source']}]"
+    return f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
+
+
+def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str, dict]]:
+    """Every chosen path in turn, one line each as it finishes (or, with --find-capacity, each path's capacity)."""
     import time
 
     from tf_trainer.run import run_path
 
+    if cfg.find_capacity:
+        from runner.capacity import find_capacities
+
+        print(f"capacity: each path against {_model_words(cfg)}; probes of a few seconds", flush=True)
+        started = time.time()
+        results, _ = find_capacities(cfg, lambda c, path: run_path(c, path, has_gpu), batch_given)
+        return started, results
     print(
-        f"feedbench: ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}, "
+        f"feedbench: {_model_words(cfg)}, "
         f"{cfg.num_gpus} {'GPU' if has_gpu else 'CPU'} tower(s) x batch {cfg.batch}, {cfg.image_size}x{cfg.image_size}, "
         f"{cfg.variable_update}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
         flush=True,
@@ -275,13 +343,21 @@ def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> N
     """The tables, the verdicts, and the files asked for."""
     from core import registry
     from profiler import report
+    from profiler.attribution import sentence
     from profiler.verdict import add_verdicts, line
     from profiler.verdict import table as verdict_table
     from tf_trainer import devices
 
     report.add_ratios(results)
     print()
+    if cfg.model == "emulated":
+        print(_model_words(cfg))
     print(report.table(results, cfg.num_gpus, cfg.input_only))
+    if cfg.find_capacity:
+        from runner.capacity import table as capacity_table
+
+        print()
+        print(capacity_table(results))
     if cfg.telemetry:
         add_verdicts(results)
         print()
@@ -289,6 +365,9 @@ def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> N
         print()
         for path, r in results.items():
             print(line(path, r["verdict"]))
+        print()
+        for path, r in results.items():
+            print(sentence(path, r.get("attribution")))
     if cfg.profile_dir:
         from tf_trainer.tracing import how_to_open
 
@@ -299,6 +378,14 @@ def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> N
 
         doc = {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
         files = write_results(out, doc, registry.names("tf"))
+        if cfg.find_capacity:
+            import os
+
+            from core.atomic import atomic_write
+            from profiler.plot import capacity_png
+
+            files.append(os.path.join(out, "capacity.png"))
+            atomic_write(files[-1], capacity_png(results))
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     if cfg.json_path:
         base = results.get(registry.BASELINE, {})
@@ -307,9 +394,13 @@ def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> N
             {
                 "config": cfg.to_dict(),
                 "device": devices.describe(),
+                # Emulated runs say so, with the rate and its source (docs/emulated.md).
+                "model": cfg.emulation if cfg.model == "emulated" else {"emulated": False, "name": "ResNet-50"},
                 "reference": {"baseline": registry.BASELINE, "baseline_images_per_sec": base.get("images_per_sec")},
                 "started": started,
                 "paths": results,
+                # Per path: the highest demand sustained at >= 97% of the baseline, with every probe tried.
+                "capacity": {p: r["capacity"] for p, r in results.items() if r.get("capacity")} or None,
             },
         )
         print(f"\nwrote {cfg.json_path}")

@@ -13,6 +13,10 @@ __all__ = ["BASELINE", "BenchConfig", "CPU_DEFAULTS", "GPU_DEFAULTS", "apply_def
 GPU_DEFAULTS = {"image_size": 224, "batch": 64, "warmup_steps": 20, "steps": 100, "repeats": 7}
 # Without a GPU, ResNet-50 runs at a few images/s: these keep the default five-path run to a few minutes.
 CPU_DEFAULTS = {"image_size": 64, "batch": 4, "warmup_steps": 2, "steps": 4, "repeats": 3}
+# An emulated device costs no host CPU, so its runs keep real image sizes even without a GPU; its
+# batch is chosen from the rate (see emulated_batch) so that a step lasts long enough to pace precisely.
+EMULATED_DEFAULTS = {"image_size": 224, "warmup_steps": 8, "steps": 24, "repeats": 3}
+EMULATED_STEP_S = 0.05  # the step time the default emulated batch aims at
 
 
 @dataclass
@@ -33,6 +37,11 @@ class BenchConfig:
     use_fp16: bool = False
     use_xla_compile: bool = False
     input_only: bool = False
+    model: str = "resnet50"  # or "emulated": a device consuming batches at a set rate (core/emulate.py)
+    emulate: str | None = None  # preset name (--emulate)
+    emulate_rate: float | None = None  # images/s per device (--emulate-rate), wins over the preset's
+    emulation: dict | None = None  # filled by apply_defaults: {"emulated", "device", "images_per_sec", "source"}
+    find_capacity: bool = False
     producers: int = 2
     producer_workers: int = 1
     producer_kind: str = "synthetic"  # synthetic, decode or dali
@@ -50,6 +59,8 @@ class BenchConfig:
     json_path: str | None = None
     telemetry: bool = True  # per-stage telemetry and a verdict (--no-telemetry to compare its overhead)
     telemetry_every: int = 4  # trace every n-th measured step for input wait (tf_trainer/telemetry.py)
+    producer_busy_wait: bool = False  # producers spin while the consumer has no room (a polling loader)
+    producer_cpu_ms: float | None = None  # synthetic producers spend this CPU time per batch (a CPU-hungry loader)
     producer_rate: float | None = None  # cap each producer worker at this many images/s (a slow loader)
     profile_dir: str | None = None  # --profile: TensorFlow profiler trace + Chrome timeline per path
     shrunk: dict[str, tuple] = field(default_factory=dict)
@@ -65,10 +76,18 @@ def apply_defaults(cfg: BenchConfig, gpus: int) -> list[str]:
     has_gpu = gpus > 0
     notes = []
     defaults = GPU_DEFAULTS if has_gpu else CPU_DEFAULTS
+    if cfg.model == "emulated":
+        from core.emulate import Emulation
+
+        emu = Emulation.of(cfg.emulate, cfg.emulate_rate)
+        cfg.emulation = emu.to_dict()
+        defaults = {**GPU_DEFAULTS, **({} if has_gpu else EMULATED_DEFAULTS)}
+        if cfg.batch is None:
+            cfg.batch = emulated_batch(emu.images_per_sec)
     for key, value in defaults.items():
         if getattr(cfg, key) is None:
             setattr(cfg, key, value)
-            if not has_gpu and GPU_DEFAULTS[key] != value:
+            if not has_gpu and GPU_DEFAULTS[key] != value and cfg.model != "emulated":
                 cfg.shrunk[key] = (GPU_DEFAULTS[key], value)
     if cfg.num_gpus is None:
         # Every GPU: the multi-device trainer is the point. Without one, two CPU towers, so the
@@ -85,3 +104,12 @@ def apply_defaults(cfg: BenchConfig, gpus: int) -> list[str]:
             "not hours; pass the flags to override"
         )
     return notes
+
+
+def emulated_batch(rate: float) -> int:
+    """A batch per device that makes an emulated step last about EMULATED_STEP_S at `rate` images/s.
+
+    Long enough that the trainer's own time between steps is a small part of a
+    step, short enough that a probe of a few dozen steps takes seconds.
+    """
+    return int(min(512, max(8, round(rate * EMULATED_STEP_S / 8) * 8)))

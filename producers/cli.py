@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from core.cli_types import positive_int
 from producers import dali_source, dataset, decode
@@ -12,7 +13,10 @@ from wire import curve
 
 
 def _synthetic(args: argparse.Namespace) -> int:
-    source = SyntheticSource(args.batch, args.image_size, args.classes, args.pool, args.seed)
+    if args.cpu_ms_per_batch < 0:
+        print(f"error: --cpu-ms-per-batch {args.cpu_ms_per_batch:g} must be 0 or more", file=sys.stderr)
+        return 2
+    source = SyntheticSource(args.batch, args.image_size, args.classes, args.pool, args.seed, args.cpu_ms_per_batch)
     return run_producer(source, args, source.describe())
 
 
@@ -27,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=positive_int, default=1000, help="labels are drawn from 0..classes-1")
     p.add_argument("--pool", type=positive_int, default=4, help="distinct pre-generated batches to cycle")
     p.add_argument("--seed", type=int, default=0, help="random seed of the pool")
+    p.add_argument(
+        "--cpu-ms-per-batch", type=float, default=0.0, metavar="MS",
+        help="spend this much CPU time on each batch, as decoding and augmenting would (a CPU-hungry loader)",
+    )  # fmt: skip
     p.set_defaults(func=_synthetic)
 
     p = sub.add_parser("make-keys", help="create CURVE key pairs for encrypted, authenticated streams")

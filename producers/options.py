@@ -40,6 +40,9 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--quiet", action="store_true", help="no progress line")
     g.add_argument(
+        "--busy-wait", action="store_true", help="spin while the consumer has no room (a polling loader: uses a core)"
+    )
+    g.add_argument(
         "--stats-file", metavar="PATH",
         help="write this producer's figures (images/s, bytes/s, send latency) here as JSON once a second",
     )  # fmt: skip
@@ -57,6 +60,7 @@ def send_config(args: argparse.Namespace) -> SendConfig:
         give_up_after=args.give_up_after,
         allow_remote=args.allow_remote,
         curve_keys=args.curve_keys,
+        busy_wait=args.busy_wait,
     )
 
 

@@ -39,6 +39,7 @@ class SendConfig:
     give_up_after: float = 60.0  # a send blocked this long means the consumer is gone
     allow_remote: bool = False
     curve_keys: str | None = None  # key folder: encrypt and authenticate the stream (wire/curve.py)
+    busy_wait: bool = False  # spin while the consumer has no room, as a polling loader does (uses a core)
 
 
 class Counters:
@@ -90,10 +91,13 @@ class _Telemetry:
             self._reset(now)
 
 
-def _wait_writable(sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float) -> bool:
-    """Block until the socket takes a message; False if stopped or the consumer is gone."""
+def _wait_writable(sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float, busy: bool = False) -> bool:
+    """Block until the socket takes a message; False if stopped or the consumer is gone.
+
+    `busy` spins (poll without waiting) instead of sleeping in poll: a loader that busy-waits.
+    """
     deadline = time.monotonic() + give_up_after
-    while not sock.poll(100, zmq.POLLOUT):
+    while not sock.poll(0 if busy else 100, zmq.POLLOUT):
         if should_stop() or time.monotonic() > deadline:
             return False
     return True
@@ -123,7 +127,7 @@ def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], b
 def _send(sock: zmq.Socket, arrays, cfg: SendConfig, seq: int, extras: dict | None, should_stop) -> int | None:
     """Send one batch once there is room; its bytes, or None when stopped or the consumer is gone."""
     while True:
-        if not _wait_writable(sock, should_stop, cfg.give_up_after):
+        if not _wait_writable(sock, should_stop, cfg.give_up_after, cfg.busy_wait):
             return None
         try:
             return message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)

@@ -120,3 +120,60 @@ def _scaling(ax2, sub: list[dict], paths: list[str], colors: dict) -> None:
     ax2.set_ylim(0, max(125, 1.1 * max(effs, default=0)))  # above 100%: a noisy 1-device point
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8, loc="lower left")
+
+
+def capacity_png(results: dict[str, dict], title: str = "") -> bytes:
+    """The capacity chart: per input path, the highest demand it sustains, in images/s and in devices.
+
+    One horizontal bar per path (the baseline hatched: what the emulated devices
+    themselves reach), labelled "N.NN <device>s"; dotted lines mark whole devices;
+    each probe of the search is a dot on its path's row, filled where the path kept
+    up (>= 97% of the baseline) and hollow where it fell short.
+    """
+    rows = [(p, r["capacity"]) for p, r in results.items() if r.get("capacity")]  # in the run's order
+    device = rows[0][1]["device"] if rows else "device"
+    per_device = rows[0][1]["device_images_per_sec"] if rows else 1.0
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 1.2 + 0.75 * max(1, len(rows))), dpi=DPI)
+    colors = {p: plt.get_cmap("tab10")(i) for i, p in enumerate(results)}
+    top = 0.0
+    for y, (path, c) in enumerate(rows):
+        cap = c.get("images_per_sec") or 0.0
+        probes = c.get("probes", [])
+        top = max([top, cap, *(p["demand_images_per_sec"] for p in probes)])
+        ax.barh(
+            y, cap, 0.6, color=colors.get(path, "grey"), edgecolor="black", linewidth=0.6,
+            hatch="//" if path == BASELINE else None, alpha=0.85,
+        )  # fmt: skip
+        for p in probes:
+            ax.plot(
+                p["demand_images_per_sec"], y, marker="o", markersize=7, linestyle="none",
+                markerfacecolor="black" if p["kept_up"] else "white", markeredgecolor="black",
+            )  # fmt: skip
+        words = "baseline" if path == BASELINE else ""
+        label = f"{cap:,.0f} img/s = {c.get('devices', 0):.2f} {device}s" + (f" ({words})" if words else "")
+        if path != BASELINE and c.get("images_per_sec") is None:
+            label = "short even at the lowest probe"
+        ax.text(cap + top * 0.01, y + 0.33, label, va="center", fontsize=9)
+    n = 1
+    while per_device * n <= top * 1.05:
+        ax.axvline(per_device * n, color="grey", linestyle="dotted", lw=1)
+        ax.text(per_device * n, -0.75, f"{n} {device}", ha="center", fontsize=8, color="grey")
+        n += 1 if top / per_device < 12 else max(1, int(top / per_device / 8))
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([p for p, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.3 if top else 1)
+    ax.set_ylim(len(rows) - 0.4, -1.0)
+    ax.set_xlabel("demand sustained at >= 97% of the baseline (images/s)")
+    ax.set_title(
+        title
+        or f"Capacity per input path against emulated {device}s ({per_device:,.0f} img/s each)"
+        "\n(dots: probes of the search — filled kept up, hollow fell short)",
+        fontsize=10,
+    )
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    plt.close(fig)
+    return buf.getvalue()

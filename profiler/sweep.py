@@ -34,6 +34,7 @@ SWEEP_FLAGS = {
     "--batch": "batch",
     "--use-fp16": "use_fp16",
     "--use-xla-compile": "use_xla_compile",
+    "--emulate-rate": "emulate_rate",
 }
 
 # The columns of results.csv, and the keys of each row in results.json.
@@ -45,6 +46,8 @@ COLUMNS = [
     "use_xla_compile",
     "image_size",
     "input_only",
+    "model",
+    "emulated_images_per_sec_per_device",
     "images_per_sec",
     "images_per_sec_min",
     "images_per_sec_max",
@@ -96,6 +99,7 @@ def split_args(argv: list[str], known_paths: list[str]) -> tuple[dict[str, list]
     pre.add_argument("--batch")
     pre.add_argument("--use-fp16", nargs="?", const="true")
     pre.add_argument("--use-xla-compile", nargs="?", const="true")
+    pre.add_argument("--emulate-rate")
     known, rest = pre.parse_known_args(argv)
     if not known.sweep:
         return None, argv
@@ -110,6 +114,15 @@ def split_args(argv: list[str], known_paths: list[str]) -> tuple[dict[str, list]
         grid["num_gpus"] = _ints("--num-gpus", known.num_gpus)
     if known.batch:
         grid["batch"] = _ints("--batch", known.batch)
+    if known.emulate_rate:
+        try:
+            rates = [float(x) for x in known.emulate_rate.split(",") if x.strip()]
+        except ValueError:
+            raise SweepError(f"--emulate-rate {known.emulate_rate}: not a list of numbers") from None
+        if not rates or min(rates) <= 0:
+            raise SweepError(f"--emulate-rate {known.emulate_rate}: every rate must be more than 0")
+        grid["emulate_rate"] = rates
+        rest = [*rest, "--model", "emulated"]
     for flag, value in (("use_fp16", known.use_fp16), ("use_xla_compile", known.use_xla_compile)):
         if value is not None:
             try:
@@ -121,7 +134,7 @@ def split_args(argv: list[str], known_paths: list[str]) -> tuple[dict[str, list]
 
 def points(base: BenchConfig, grid: dict[str, list]) -> list[BenchConfig]:
     """One config per grid point (paths run inside each point)."""
-    keys = ["num_gpus", "batch", "use_fp16", "use_xla_compile"]
+    keys = ["num_gpus", "batch", "use_fp16", "use_xla_compile", "emulate_rate"]
     lists = [grid.get(k, [getattr(base, k)]) for k in keys]
     paths = grid.get("paths", base.paths)
     return [
@@ -146,6 +159,9 @@ def rows_of(runs: list[dict]) -> list[dict]:
                     "use_xla_compile": c["use_xla_compile"],
                     "image_size": c["image_size"],
                     "input_only": c["input_only"],
+                    # Emulated runs say so in every row, with the rate per device (the source is in the JSON).
+                    "model": f"emulated {c['emulation']['device']}" if c.get("emulation") else "ResNet-50",
+                    "emulated_images_per_sec_per_device": (c.get("emulation") or {}).get("images_per_sec"),
                     "images_per_sec": r["images_per_sec"]["median"],
                     "images_per_sec_min": r["images_per_sec"]["min"],
                     "images_per_sec_max": r["images_per_sec"]["max"],
@@ -189,15 +205,19 @@ def _f(x: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
 def to_markdown(rows: list[dict]) -> str:
     """The table a person reads first: one line per (grid point, path)."""
     head = [
-        "input path", "devices", "batch", "fp16", "XLA", "images/s", "min–max", "per device",
+        "input path", "model", "devices", "batch", "fp16", "XLA", "images/s", "min–max", "per device",
         "vs baseline", "scaling eff.", "input wait", "verdict (limiting stage)",
     ]  # fmt: skip
     cells = []
     for r in rows:
         ratio = "baseline" if r["path"] == BASELINE else _f(r["ratio_to_baseline"], ".2f")
+        model = r.get("model") or "ResNet-50"
+        if r.get("emulated_images_per_sec_per_device"):
+            model += f" ({r['emulated_images_per_sec_per_device']:.0f} img/s per device)"
         cells.append(
             [
                 f"`{r['path']}`",
+                model,
                 str(r["num_gpus"]),
                 str(r["batch"]),
                 "yes" if r["use_fp16"] else "no",

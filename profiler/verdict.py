@@ -20,6 +20,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
+from profiler.attribution import add_attribution
 
 HIGH, MODERATE = 0.20, 0.05
 LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured")
@@ -136,6 +137,7 @@ def add_verdicts(results: dict[str, dict]) -> None:
     base_ips = base["images_per_sec"]["median"] if base else None
     for path, r in results.items():
         r["verdict"] = verdict(path, r, base_ips)
+    add_attribution(results)  # and split each gap into waiting and slower steps (profiler/attribution.py)
 
 
 def line(path: str, v: dict) -> str:

@@ -250,6 +250,8 @@ def producer_command(
     stats_file: str | None = None,
     dali_threads: int = 1,
     dali_device: str | None = None,
+    cpu_ms_per_batch: float | None = None,
+    busy_wait: bool = False,
 ) -> list[str]:
     """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
@@ -265,6 +267,10 @@ def producer_command(
         extra += ["--stats-file", stats_file]
     if kind == "dali":
         extra += ["--dali-threads", str(dali_threads)]
+    if busy_wait:
+        extra += ["--busy-wait"]
+    if cpu_ms_per_batch and kind == "synthetic":
+        extra += ["--cpu-ms-per-batch", f"{cpu_ms_per_batch:g}"]
     return commands.producer_command(
         kind,
         endpoint,
@@ -301,6 +307,8 @@ def start_producers(cfg: Any, endpoint: str, folder: str) -> ProducerGroup:
             stats_file=stats[i],
             dali_threads=cfg.dali_threads,
             dali_device=cfg.dali_device,
+            cpu_ms_per_batch=getattr(cfg, "producer_cpu_ms", None),
+            busy_wait=getattr(cfg, "producer_busy_wait", False),
         )
         for i in range(cfg.producers)
     ]

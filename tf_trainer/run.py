@@ -31,7 +31,7 @@ from tf_trainer.inputs.base import TFInputPath
 from tf_trainer.measure import COST_COLLECTION, Progress, StepTimer, summarize
 from tf_trainer.models.input_only import InputOnlyModel
 from tf_trainer.schedule import PROFILED_STEPS, Schedule
-from tf_trainer.telemetry import Telemetry
+from tf_trainer.telemetry import CpuUse, Telemetry
 from tf_trainer.tf_env import tf
 from tf_trainer.tracing import ProfileSteps
 from wire.endpoints import release
@@ -139,6 +139,10 @@ def op_message(e: Exception) -> str:
 def make_model(cfg: BenchConfig):
     if cfg.input_only:
         return InputOnlyModel(cfg.image_size)
+    if cfg.model == "emulated":
+        from tf_trainer.models.emulated import EmulatedModel
+
+        return EmulatedModel(cfg.image_size, cfg.emulation["images_per_sec"])
     from tf_trainer.models import ResNet50Model
 
     return ResNet50Model(
@@ -229,6 +233,7 @@ def _callbacks(built: Built, group: ProducerGroup | None, extra: list[Callback])
         )
     if telemetry is not None:
         callbacks.append(telemetry)
+        callbacks.append(CpuUse(cfg.warmup_steps, schedule.total, group))  # CPU per input stage (profiler/cpu.py)
     status = telemetry.live if telemetry is not None else None
     callbacks.append(Progress(RunProgress(path.name, cfg.warmup_steps, schedule.total, status)))
     callbacks += path.callbacks()
@@ -329,11 +334,16 @@ def _result(built: Built, timer: StepTimer, callbacks: list[Callback]) -> dict:
     cfg = built.cfg
     result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus)
     result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
+    result["batch"] = cfg.batch
+    if cfg.model == "emulated":
+        result["emulated"] = dict(cfg.emulation)  # every emulated figure carries its label
     result["input"] = {"name": built.path.name, **built.path.describe()}
     result.update(built.path.result_fields())
     telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)
     if telemetry is not None:
         result["telemetry"] = telemetry.summary()
+        cpu_use = next((c for c in callbacks if isinstance(c, CpuUse)), None)
+        result["telemetry"]["cpu"] = cpu_use.summary() if cpu_use is not None else None
         result["telemetry"]["trainer"] = {
             "images_per_sec": result["images_per_sec"]["median"],
             "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],

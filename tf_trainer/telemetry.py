@@ -129,3 +129,40 @@ class Telemetry(Callback):
         out["wire"] = wire_figures(first, last)
         out["producers"] = self.path.producer_figures((first, last) if first and last else None)
         return out
+
+
+class CpuUse(Callback):
+    """CPU seconds of each input stage over the timed steps (profiler/cpu.py): producers, receive threads.
+
+    Two snapshots, before the first timed step and after the last one; reading
+    /proc and psutil twice costs a few milliseconds, outside the timed window's steps.
+    """
+
+    def __init__(self, warmup: int, total_steps: int, producers=None) -> None:
+        self.warmup = warmup
+        self.total_steps = total_steps
+        self.producers = producers  # a ProducerGroup (its procs' pids), or None
+        self.step = 0
+        self._a = self._b = None
+
+    def _meter(self):
+        from profiler.cpu import CpuMeter
+
+        pids = [p.pid for p in self.producers.procs] if self.producers is not None else []
+        return CpuMeter(pids)
+
+    def _before_run(self, ctx):
+        if self.step == self.warmup:
+            self.meter = self._meter()
+            self._a = self.meter.snapshot()
+        return None
+
+    def _after_run(self, ctx, values) -> None:
+        if self.step == self.total_steps - 1 and self._a is not None:
+            self._b = self.meter.snapshot()
+        self.step += 1
+
+    def summary(self) -> dict | None:
+        if self._a is None or self._b is None:
+            return None
+        return self.meter.between(self._a, self._b, self.total_steps - self.warmup)

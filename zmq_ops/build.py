@@ -24,6 +24,8 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,8 +45,27 @@ def library_path() -> Path:
     return LIBRARY
 
 
+@dataclass(frozen=True)
+class NativeLibrary:
+    """One TensorFlow op library of this project: its sources, where it goes, what else it links.
+
+    The zmq_ops op is one; the emulated device's op (tf_trainer/models/emulated_op) is built the same way.
+    """
+
+    label: str  # in messages: "zmq_ops"
+    src: Path  # folder of *.cc / *.h
+    library: Path
+    stamp_mark: bytes  # precedes the stamp string compiled into the library
+    stamp_define: str  # the macro the sources read the stamp from
+    extra_flags: Callable[[], tuple[list[str], list[str]]] | None = None  # (compile, link) flags, may raise BuildError
+    script: Path = Path(__file__).resolve()  # a change to the build script rebuilds too
+
+    def sources(self) -> list[Path]:
+        return sorted([*self.src.glob("*.cc"), *self.src.glob("*.h")])
+
+
 def _sources() -> list[Path]:
-    return sorted([*SRC.glob("*.cc"), *SRC.glob("*.h")])
+    return ZMQ_OPS.sources()
 
 
 def _installed_tf_version() -> str | None:
@@ -61,26 +82,27 @@ def _stamp(tf_version: str) -> str:
     return f"tf={tf_version}"
 
 
-def built_stamp(lib: Path = LIBRARY) -> str | None:
+def built_stamp(lib: Path = LIBRARY, mark: bytes = STAMP_MARK) -> str | None:
     """The stamp compiled into an existing library, or None."""
     try:
         data = lib.read_bytes()
     except OSError:
         return None
-    at = data.find(STAMP_MARK)
+    at = data.find(mark)
     if at < 0:
         return None
     end = data.find(b"\0", at)
-    return data[at + len(STAMP_MARK) : end].decode("ascii", "replace")
+    return data[at + len(mark) : end].decode("ascii", "replace")
 
 
-def up_to_date(tf_version: str | None = None) -> bool:
+def up_to_date(tf_version: str | None = None, spec: NativeLibrary | None = None) -> bool:
     """True when the library exists, is newer than the sources and matches the installed TensorFlow."""
+    spec = spec or ZMQ_OPS
     tf_version = tf_version or _installed_tf_version()
-    if tf_version is None or not LIBRARY.exists():
+    if tf_version is None or not spec.library.exists():
         return False
-    newest = max(p.stat().st_mtime for p in [*_sources(), Path(__file__)])
-    return LIBRARY.stat().st_mtime >= newest and built_stamp() == _stamp(tf_version)
+    newest = max(p.stat().st_mtime for p in [*spec.sources(), Path(__file__), spec.script])
+    return spec.library.stat().st_mtime >= newest and built_stamp(spec.library, spec.stamp_mark) == _stamp(tf_version)
 
 
 def _zmq_flags() -> tuple[list[str], list[str]]:
@@ -113,7 +135,7 @@ def _tf_flags() -> tuple[str, list[str], list[str]]:
     return version, cflags, lflags
 
 
-def _compile(cxx: str, flags: list[str], sources: list[Path], objdir: Path) -> list[Path]:
+def _compile(cxx: str, flags: list[str], sources: list[Path], objdir: Path, label: str = "zmq_ops") -> list[Path]:
     """Compile the sources in parallel (they are independent); BuildError shows the compiler's output."""
     jobs = []
     for src in sources:
@@ -126,29 +148,33 @@ def _compile(cxx: str, flags: list[str], sources: list[Path], objdir: Path) -> l
         if proc.returncode != 0:
             failed.append(f"--- {src.name} ---\n{out.strip()}")
     if failed:
-        raise BuildError("compiling the zmq_ops op failed:\n" + "\n".join(failed))
+        raise BuildError(f"compiling the {label} op failed:\n" + "\n".join(failed))
     return [obj for _, obj, _ in jobs]
 
 
-def build(force: bool = False, verbose: bool = True) -> Path:
-    """Build the op library if it is missing or stale, and return its path."""
-    if not force and up_to_date():
-        return LIBRARY
-    zmq_cflags, zmq_libs = _zmq_flags()
+def build_library(spec: NativeLibrary, force: bool = False, verbose: bool = True) -> Path:
+    """Build `spec` against the installed TensorFlow if it is missing or stale, and return its path."""
+    if not force and up_to_date(spec=spec):
+        return spec.library
+    extra_cflags, extra_libs = spec.extra_flags() if spec.extra_flags else ([], [])
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
         raise BuildError(f"C++ compiler {cxx!r} not found: install it with `sudo apt-get install g++`")
 
     # One build at a time (make and pip may race); the lock is on the source folder itself.
-    fd = os.open(SRC, os.O_RDONLY)
+    fd = os.open(spec.src, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if not force and up_to_date():  # someone else built it while we waited
-            return LIBRARY
+        if not force and up_to_date(spec=spec):  # someone else built it while we waited
+            return spec.library
         started = time.monotonic()
         tf_version, tf_cflags, tf_lflags = _tf_flags()
         if verbose:
-            print(f"zmq_ops: building {LIBRARY.name} for TensorFlow {tf_version} ...", file=sys.stderr, flush=True)
+            print(
+                f"{spec.label}: building {spec.library.name} for TensorFlow {tf_version} ...",
+                file=sys.stderr,
+                flush=True,
+            )
         flags = [
             "-std=c++17",
             "-O2",
@@ -156,27 +182,42 @@ def build(force: bool = False, verbose: bool = True) -> Path:
             "-Wall",
             "-Wno-sign-compare",
             *tf_cflags,
-            *zmq_cflags,
-            f'-DZMQ_OPS_BUILD_STAMP="{_stamp(tf_version)}"',
+            *extra_cflags,
+            f'-D{spec.stamp_define}="{_stamp(tf_version)}"',
         ]
-        sources = sorted(SRC.glob("*.cc"))
-        with tempfile.TemporaryDirectory(prefix="zmq_ops_build_") as tmp:
-            objects = _compile(cxx, flags, sources, Path(tmp))
-            out = Path(tmp) / LIBRARY.name
-            link = [cxx, "-shared", *map(str, objects), "-o", str(out), *tf_lflags, *zmq_libs, "-Wl,--no-undefined"]
+        sources = sorted(spec.src.glob("*.cc"))
+        with tempfile.TemporaryDirectory(prefix=f"{spec.label}_build_") as tmp:
+            objects = _compile(cxx, flags, sources, Path(tmp), spec.label)
+            out = Path(tmp) / spec.library.name
+            link = [cxx, "-shared", *map(str, objects), "-o", str(out), *tf_lflags, *extra_libs, "-Wl,--no-undefined"]
             proc = subprocess.run(link, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise BuildError(f"linking the zmq_ops op failed:\n{proc.stdout}{proc.stderr}".strip())
+                raise BuildError(f"linking the {spec.label} op failed:\n{proc.stdout}{proc.stderr}".strip())
             # Replace atomically: a process loading the old library never sees half a file.
-            staged = LIBRARY.with_name(f".{LIBRARY.name}.{os.getpid()}.tmp")
+            staged = spec.library.with_name(f".{spec.library.name}.{os.getpid()}.tmp")
             shutil.copy2(out, staged)
-            os.replace(staged, LIBRARY)
+            os.replace(staged, spec.library)
         if verbose:
-            print(f"zmq_ops: built {LIBRARY} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        return LIBRARY
+            print(f"{spec.label}: built {spec.library} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        return spec.library
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def build(force: bool = False, verbose: bool = True) -> Path:
+    """Build the zmq_ops library if it is missing or stale, and return its path."""
+    return build_library(ZMQ_OPS, force, verbose)
+
+
+ZMQ_OPS = NativeLibrary(
+    label="zmq_ops",
+    src=SRC,
+    library=LIBRARY,
+    stamp_mark=STAMP_MARK,
+    stamp_define="ZMQ_OPS_BUILD_STAMP",
+    extra_flags=lambda: _zmq_flags(),  # looked up at call time (tests replace it)
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,147 @@
+"""CPU seconds used by each input stage: producer process trees, and the trainer's threads by name.
+
+Framework-neutral. Producers are separate processes: psutil reads each
+one's CPU time together with its workers' (its process tree). Inside the
+trainer, stages are threads: Linux keeps each thread's CPU time and name
+in /proc/self/task/<tid>/{stat,comm}, so a stage is the set of threads
+whose name matches its pattern (the Python receive threads by the name they
+were given, the native op's receive threads by the name its thread pool
+gives them). Two snapshots, at the start and the end of the timed steps,
+give each stage's CPU seconds over exactly that window.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+# Trainer-side input stages, by thread name (first match wins). The rest of the
+# trainer's threads (the step itself, TensorFlow's executor) are the "trainer".
+THREAD_STAGES: tuple[tuple[str, re.Pattern], ...] = (
+    ("receive (op)", re.compile(r"zmq_pull")),  # the zmq_ops op's receive thread pool
+    ("receive (python)", re.compile(r"Enqueue|QueueInput|feedbench-pull", re.I)),  # tensorpack's feeding thread
+    ("tf.data", re.compile(r"^tf_data", re.I)),
+    ("receive (zmq io)", re.compile(r"^ZMQbg/(IO|Reaper)")),  # libzmq's I/O threads (consumer side)
+)
+
+
+def thread_times(pid: int | str = "self") -> dict[int, tuple[str, float]]:
+    """{tid: (name, CPU seconds so far)} for every thread of a process (Linux /proc).
+
+    In this process, a Python thread is named by its `threading` name (Linux only
+    knows it as "python"); native threads keep the name they gave themselves.
+    """
+    out = {}
+    py_names = {t.native_id: t.name for t in threading.enumerate()} if pid == "self" else {}
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"{base}/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended between listing and reading
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(tid)] = (py_names.get(int(tid), name), (int(fields[11]) + int(fields[12])) / _TICK)  # utime + stime
+    return out
+
+
+def stage_of(thread_name: str) -> str:
+    for stage, pattern in THREAD_STAGES:
+        if pattern.search(thread_name):
+            return stage
+    return "trainer"
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds of a process and all its descendants (alive now), or None if it is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+@dataclass
+class Snapshot:
+    at: float
+    threads: dict[int, tuple[str, float]]
+    producers: dict[int, float | None]
+    process: float  # this whole process
+
+
+@dataclass
+class CpuMeter:
+    """Snapshots the trainer's threads and the producers' process trees; `between` gives the use."""
+
+    producer_pids: list[int] = field(default_factory=list)
+
+    def snapshot(self) -> Snapshot:
+        t = os.times()
+        return Snapshot(
+            time.perf_counter(),
+            thread_times(),
+            {pid: tree_cpu_seconds(pid) for pid in self.producer_pids},
+            t.user + t.system,
+        )
+
+    @staticmethod
+    def between(a: Snapshot, b: Snapshot, steps: int) -> dict:
+        """CPU use over the window from `a` to `b` of `steps` steps: cores and seconds per step, per stage."""
+        wall = b.at - a.at
+        stages: dict[str, float] = {}
+        names: dict[str, set[str]] = {}
+        for tid, (name, cpu1) in b.threads.items():
+            cpu0 = a.threads.get(tid, (name, 0.0))[1]
+            stage = stage_of(name)
+            stages[stage] = stages.get(stage, 0.0) + max(0.0, cpu1 - cpu0)
+            names.setdefault(stage, set()).add(name)
+        producers = []
+        for i, pid in enumerate(b.producers):
+            c0, c1 = a.producers.get(pid), b.producers.get(pid)
+            if c0 is not None and c1 is not None:
+                producers.append({"producer": i, "pid": pid, "cpu_s": max(0.0, c1 - c0)})
+        per_step = max(1, steps)
+
+        def fig(seconds: float) -> dict:
+            return {
+                "cpu_s": seconds,
+                "cores": seconds / wall if wall > 0 else 0.0,
+                "cpu_s_per_step": seconds / per_step,
+            }
+
+        out = {
+            "window_s": wall,
+            "steps": steps,
+            "trainer_process": fig(max(0.0, b.process - a.process)),
+            "threads": {s: {**fig(v), "thread_names": sorted(names[s])} for s, v in sorted(stages.items())},
+            "producers": [{**r, **fig(r["cpu_s"])} for r in producers],
+        }
+        prod = sum(r["cpu_s"] for r in producers)
+        receive = sum(v for s, v in stages.items() if s != "trainer")
+        out["input"] = {
+            "producers": fig(prod),
+            "receive": fig(receive),
+            "total": fig(prod + receive),
+        }
+        return out

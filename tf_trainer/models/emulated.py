@@ -1,0 +1,60 @@
+"""An emulated accelerator as a tensorpack ModelDesc: consumes each batch at a fixed rate.
+
+Each tower runs one EmulatedDeviceStep (a native op, models/emulated_op/):
+it reads the batch once and finishes batch / rate seconds after its device
+time began, using no host CPU and not holding the GIL. One trainable scalar
+makes the optimizer and the variable update run as for a real model.
+"""
+
+from __future__ import annotations
+
+from tensorpack import ModelDesc
+
+from tf_trainer.tf_env import tf
+
+tf = tf()
+
+_ops = None
+# Share of a step's period of host work between two steps that the device hides, as a GPU's
+# queue hides the host launching the next step (see docs/emulated.md). Small, so that waiting
+# for input is never made up for by more than that.
+HOST_OVERLAP = 0.1
+
+
+def emulated_ops():
+    """The loaded op library, built first if missing or stale (a few seconds, once)."""
+    global _ops
+    if _ops is None:
+        from tf_trainer.models.emulated_op import build
+
+        _ops = tf.load_op_library(str(build.build(verbose=True)))
+    return _ops
+
+
+def emulated_device_step(images, rate: float, overlap: float = HOST_OVERLAP):
+    """One device step at `rate` images/s: a float scalar near 1.0 that is ready at the step's deadline."""
+    return emulated_ops().emulated_device_step(images, rate=float(rate), overlap=float(overlap))
+
+
+class EmulatedModel(ModelDesc):
+    """A device training at `rate` images/s per tower, in place of ResNet-50."""
+
+    def __init__(self, image_size: int, rate: float) -> None:
+        self.image_size = image_size
+        self.rate = rate
+        emulated_ops()  # build and load before the graph is built, not inside a tower
+
+    def inputs(self) -> list:
+        return [
+            tf.TensorSpec((None, self.image_size, self.image_size, 3), tf.uint8, "images"),
+            tf.TensorSpec((None,), tf.int32, "labels"),
+        ]
+
+    def build_graph(self, images, labels):
+        w = tf.compat.v1.get_variable("w", shape=(), initializer=tf.compat.v1.ones_initializer())
+        work = emulated_device_step(images, self.rate)
+        touched = tf.cast(tf.reduce_sum(labels) % 7, tf.float32) * 1e-9
+        return tf.identity(w * (work + touched) * 1e-3, name="cost")
+
+    def optimizer(self):
+        return tf.compat.v1.train.GradientDescentOptimizer(1e-3)
