@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 
 from core.config import ALL_PATHS, BASELINE, PATHS, BenchConfig, apply_defaults
+from runner import cluster_spec
 
 
 def positive_int(text: str) -> int:
@@ -46,7 +47,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, help="steps run before timing (default 20; fewer on CPU)")
     p.add_argument("--steps", type=positive_int, help="timed steps per repeat (default 100; fewer on CPU)")
     p.add_argument("--repeats", type=positive_int, help="timed repeats; the median is reported (default 7)")
-    p.add_argument("--variable-update", choices=("replicated", "parameter_server", "horovod"), default="replicated")
+    p.add_argument(
+        "--variable-update",
+        choices=("replicated", "parameter_server", "horovod", *cluster_spec.MODES),
+        default="replicated",
+        help="the distributed_* modes train on a TensorFlow cluster (see the cluster flags)",
+    )
     p.add_argument("--ps-device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--resnet-version", choices=("1", "1.5"), default="1.5")
     p.add_argument("--data-format", choices=("NCHW", "NHWC"), help="default NCHW on GPU, NHWC on CPU")
@@ -95,6 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="--fake-location, --num-gpus, --batch, --use-fp16 and --use-xla-compile take comma lists; run the grid",
     )  # fmt: skip
     g.add_argument("--out", metavar="DIR", help="write results.{json,csv,md,png} here (default for --sweep: results/)")
+    cluster_spec.add_flags(p)
     return p.parse_args(argv)
 
 
@@ -122,6 +129,18 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(e))
     args = parse_args(argv)
     cfg = config_from(args)
+    task = None  # this process's place in a TensorFlow cluster (docs/cluster.md)
+    if args.local_cluster or cfg.variable_update in cluster_spec.MODES:
+        from core.errors import ConfigError
+
+        try:
+            task = cluster_spec.from_args(args, cfg, sweep=grid is not None)
+        except ConfigError as e:
+            return fail(str(e))
+        if task is None:
+            from runner.local_cluster import run_local_cluster
+
+            return run_local_cluster(argv, args.local_cluster, cfg.variable_update)
     if args.producer_rate is not None and args.producer_rate <= 0:
         return fail(f"--producer-rate {args.producer_rate:g} must be more than 0")
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
@@ -185,6 +204,15 @@ def main(argv: list[str] | None = None) -> int:
         return fail(
             f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
         )
+
+    if task is not None:
+        from core.errors import FeedbenchError
+        from tf_trainer.cluster_worker import run_task
+
+        try:
+            return run_task(cfg, task, has_gpu)
+        except (FeedbenchError, InputError) as e:
+            return fail(str(e))
 
     if grid is not None:
         from profiler.sweep import run_sweep

@@ -157,6 +157,10 @@ def make_trainer(cfg: BenchConfig):
         return SyncMultiGPUTrainerReplicated(towers, average=True, mode="gpu")
     if cfg.variable_update == "parameter_server":
         return SyncMultiGPUTrainerParameterServer(towers, ps_device=cfg.ps_device)
+    if cfg.variable_update.startswith("distributed_"):
+        from tf_trainer import cluster  # this process's server, started by cluster.run_worker
+
+        return cluster.make_trainer(cfg.variable_update, cfg.num_gpus)
     raise ValueError(f"--variable-update {cfg.variable_update!r} is not supported here")
 
 
