@@ -124,14 +124,24 @@ class LocalCluster:
         while True:
             if stop_requested():
                 return 130, "interrupted: stopped every task of the local cluster"
-            for t in self.tasks:
-                rc = t.proc.poll()
-                # A task that exits 0 has been released by the chief (parameter servers included).
-                if rc is not None and rc != 0:
-                    return 2, f"error: {t.cc.name} {t.how()}"
+            # A task that exits 0 has been released by the chief (parameter servers included).
+            if any(t.proc.poll() not in (None, 0) for t in self.tasks):
+                first = self._first_failure()
+                return 2, f"error: {first.cc.name} {first.how()}"
             if chief.proc.poll() == 0:
                 return 0, None
             time.sleep(0.1)
+
+    def _first_failure(self) -> Task:
+        """The task whose failure started it: one killed by a signal, else a worker before the chief.
+
+        The others fail within moments of it (their step barrier breaks), so look
+        again after a short while before naming one.
+        """
+        time.sleep(0.5)
+        failed = [t for t in self.tasks if t.proc.poll() not in (None, 0)]
+        killed = [t for t in failed if t.proc.returncode < 0]
+        return (killed or [t for t in failed if not t.cc.is_chief] or failed)[0]
 
     def finish(self, timeout: float = 60.0) -> str | None:
         """After the chief: the others exit on their own once released; a line for any that fails."""

@@ -31,6 +31,7 @@ from tensorpack.graph_builder.utils import (
     split_grad_list,
 )
 from tensorpack.tfutils.common import get_global_step_var, get_op_tensor_name
+from tensorpack.tfutils.varreplace import custom_getter_scope
 from tensorpack.train.trainers import (
     DistributedTrainerBase,
     DistributedTrainerParameterServer,
@@ -274,12 +275,22 @@ def _local_global_step():
         )
 
 
+def _as_local(getter, name, *args, **kwargs):
+    """Create a global variable as a local one; leave the others alone.
+
+    tensorpack's override_to_local_variable fails on a variable that is already
+    local (its moving summaries nest a second override inside the first).
+    """
+    collections = set(kwargs.get("collections") or [v1.GraphKeys.GLOBAL_VARIABLES])
+    if v1.GraphKeys.GLOBAL_VARIABLES in collections:
+        collections.discard(v1.GraphKeys.GLOBAL_VARIABLES)
+        collections.add(v1.GraphKeys.LOCAL_VARIABLES)
+    kwargs["collections"] = list(collections)
+    return getter(name, *args, **kwargs)
+
+
 class _EveryWorker:
     """Every callback runs on every worker (tensorpack runs most only on the chief): each one times its own steps."""
-
-    def _setup_input(self, input_signature, input):
-        _local_global_step()
-        return super()._setup_input(input_signature, input)
 
     def register_callback(self, cb):
         for c in cb if isinstance(cb, (list, tuple)) else [cb]:
@@ -299,6 +310,12 @@ class ClusterReplicatedTrainer(_EveryWorker, DistributedTrainerReplicated):
         self._builder = ReplicatedBuilder(towers, server)
         self.is_chief = self._builder.is_chief
 
+    def _setup_input(self, input_signature, input):
+        # As tensorpack's: the input's variables (queue-size summaries) are each worker's own.
+        _local_global_step()
+        with custom_getter_scope(_as_local):
+            return input.setup(input_signature)
+
 
 class ClusterParameterServerTrainer(_EveryWorker, DistributedTrainerParameterServer):
     """tensorpack's DistributedTrainerParameterServer with a builder that runs on TensorFlow 2.21."""
@@ -307,6 +324,10 @@ class ClusterParameterServerTrainer(_EveryWorker, DistributedTrainerParameterSer
         DistributedTrainerBase.__init__(self, towers, server)
         self._builder = ParameterServerBuilder(towers, server)
         self.is_chief = self._builder.is_chief
+
+    def _setup_input(self, input_signature, input):
+        _local_global_step()
+        return super()._setup_input(input_signature, input)
 
 
 def make_trainer(mode: str, towers: int):

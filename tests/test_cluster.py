@@ -1,0 +1,163 @@
+"""A TensorFlow cluster on this machine: --local-cluster 2,1 trains, keeps its variables in sync, and stops whole.
+
+Kept light (the input-only model, 32x32 images, one tower per worker, a few
+steps): three TensorFlow processes share the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+
+TINY = [
+    "--input-only", "--num-gpus", "1", "--batch", "4", "--image-size", "32",
+    "--producers", "1", "--recv-timeout", "60",
+]  # fmt: skip
+
+
+def bench(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "bench_input.py"), *args]
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def assert_all_gone(procs: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    left = [" ".join(p.cmdline()[:6]) for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"still running: {left}"
+
+
+@pytest.mark.parametrize(
+    "path,mode",
+    [("zmq-consume", "distributed_replicated"), ("python-queue", "distributed_parameter_server")],
+)
+def test_local_cluster_trains_with_variables_in_sync(tmp_path, path, mode):
+    out = tmp_path / "cluster.json"
+    cmd = bench(
+        "--local-cluster", "2,1", "--variable-update", mode, "--fake-location", path, *TINY,
+        "--warmup-steps", "2", "--steps", "4", "--repeats", "2", "--json", str(out),
+    )  # fmt: skip
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: list[psutil.Process] = []
+    while p.poll() is None:
+        seen = list({q.pid: q for q in [*seen, *descendants(p.pid)]}.values())
+        time.sleep(0.5)
+    stdout, stderr = p.communicate()
+    assert p.returncode == 0, stderr[-3000:]
+    assert "straggler:" in stdout and "total" in stdout
+
+    doc = json.loads(out.read_text())
+    r = doc["paths"][path]
+    assert r["cluster"]["mode"] == mode
+    assert len(r["workers"]) == 2
+    assert [w["cluster"]["task_index"] for w in r["workers"]] == [0, 1]
+    assert r["loss_finite"] and all(w["loss_finite"] for w in r["workers"])
+    assert r["steps_run"] == 2 + 4 * 2
+    assert r["images_per_sec"]["median"] == pytest.approx(sum(w["images_per_sec"]["median"] for w in r["workers"]))
+    # Both workers read the same trained values from the parameter server ...
+    figures = [w["cluster"]["variables"] for w in r["workers"]]
+    assert figures[0]["ps"] == figures[1]["ps"]
+    assert figures[0]["sum"] != 1.0  # the input-only model's one weight starts at 1 and was trained
+    if mode == "distributed_replicated":
+        # ... and, replicated, each worker's own copy equals them after the last step.
+        assert all(f["local"] == f["ps"] for f in figures)
+    assert r["variables_in_sync"]
+    # Each worker pulled from its own producers.
+    assert all(sum(row["received"] for row in w["producers"]) > 0 for w in r["workers"])
+    assert_all_gone(seen)
+
+
+def test_killed_worker_stops_the_whole_cluster(tmp_path):
+    cmd = bench(
+        "--local-cluster", "2,1", "--fake-location", "python-queue", *TINY,
+        "--warmup-steps", "2", "--steps", "100000", "--repeats", "1",
+    )  # fmt: skip
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        victim, seen, deadline = None, [], time.monotonic() + 120
+        # Wait until worker 1 runs its producer: then the cluster is up and training.
+        while victim is None and time.monotonic() < deadline and p.poll() is None:
+            seen = list({q.pid: q for q in [*seen, *descendants(p.pid)]}.values())
+            for q in seen:
+                try:
+                    cmdline = q.cmdline()
+                except psutil.NoSuchProcess:
+                    continue
+                if "--task-index" in cmdline and cmdline[cmdline.index("--task-index") + 1] == "1":
+                    if any("producers" in " ".join(c.cmdline()) for c in q.children(recursive=True)):
+                        victim = q
+            time.sleep(0.5)
+        assert victim is not None, "worker 1 never started its producer"
+        time.sleep(3)  # a few steps in
+        seen = list({q.pid: q for q in [*seen, *descendants(p.pid)]}.values())
+        victim.send_signal(signal.SIGKILL)
+        _, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 2
+    assert "error: worker 1 exited with signal SIGKILL" in stderr
+    assert_all_gone(seen)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--variable-update", "distributed_replicated", "--fake-location", "cpu"], "--job-name worker|ps is needed"),
+        (["--local-cluster", "2,1"], "a cluster run trains one input path"),
+        (
+            ["--local-cluster", "2,0", "--fake-location", "cpu"],
+            "--local-cluster 2,0: needs at least 1 worker and 1 parameter server",
+        ),
+        (
+            [
+                "--variable-update",
+                "distributed_replicated",
+                "--fake-location",
+                "cpu",
+                "--job-name",
+                "worker",
+                "--task-index",
+                "2",
+                "--worker-hosts",
+                "127.0.0.1:5001,127.0.0.1:5002",
+                "--ps-hosts",
+                "127.0.0.1:5003",
+            ],
+            "--task-index 2: the worker job has tasks 0 to 1",
+        ),  # fmt: skip
+        (
+            [
+                "--variable-update",
+                "distributed_replicated",
+                "--fake-location",
+                "cpu",
+                "--job-name",
+                "ps",
+                "--worker-hosts",
+                "127.0.0.1:5001",
+                "--ps-hosts",
+                "localhost",
+            ],
+            "--ps-hosts: 'localhost' is not host:port",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_cluster_flags_get_one_line(args, message):
+    r = subprocess.run(bench(*args), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert f"error: {message}" in r.stderr
