@@ -15,6 +15,8 @@ import time
 import psutil
 import pytest
 
+from core.errors import ConfigError
+from runner.cluster_spec import cluster_config, parse_local_cluster
 from tests.conftest import ROOT
 
 TINY = [
@@ -119,45 +121,39 @@ def test_killed_worker_stops_the_whole_cluster(tmp_path):
     [
         (["--variable-update", "distributed_replicated", "--fake-location", "cpu"], "--job-name worker|ps is needed"),
         (["--local-cluster", "2,1"], "a cluster run trains one input path"),
-        (
-            ["--local-cluster", "2,0", "--fake-location", "cpu"],
-            "--local-cluster 2,0: needs at least 1 worker and 1 parameter server",
-        ),
-        (
-            [
-                "--variable-update",
-                "distributed_replicated",
-                "--fake-location",
-                "cpu",
-                "--job-name",
-                "worker",
-                "--task-index",
-                "2",
-                "--worker-hosts",
-                "127.0.0.1:5001,127.0.0.1:5002",
-                "--ps-hosts",
-                "127.0.0.1:5003",
-            ],
-            "--task-index 2: the worker job has tasks 0 to 1",
-        ),  # fmt: skip
-        (
-            [
-                "--variable-update",
-                "distributed_replicated",
-                "--fake-location",
-                "cpu",
-                "--job-name",
-                "ps",
-                "--worker-hosts",
-                "127.0.0.1:5001",
-                "--ps-hosts",
-                "localhost",
-            ],
-            "--ps-hosts: 'localhost' is not host:port",
-        ),  # fmt: skip
     ],
 )
 def test_bad_cluster_flags_get_one_line(args, message):
     r = subprocess.run(bench(*args), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert f"error: {message}" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "job,index,workers,ps,message",
+    [
+        (
+            "worker",
+            2,
+            "127.0.0.1:5001,127.0.0.1:5002",
+            "127.0.0.1:5003",
+            "--task-index 2: the worker job has tasks 0 to 1",
+        ),
+        ("ps", 0, "127.0.0.1:5001", "localhost", "--ps-hosts: 'localhost' is not host:port"),
+        ("ps", 0, "127.0.0.1:5001", "127.0.0.1:5001", "--worker-hosts and --ps-hosts share a host:port"),
+        ("worker", 0, "h:5001,h:5001", "h:5003", "--worker-hosts: the same host:port appears twice"),
+    ],
+)
+def test_cluster_flags_are_checked_together(job, index, workers, ps, message):
+    with pytest.raises(ConfigError) as e:
+        cluster_config(job, index, workers, ps)
+    assert str(e.value) == message
+
+
+def test_local_cluster_spec():
+    assert parse_local_cluster("3,2") == (3, 2)
+    for bad in ("2", "2,0", "a,b", "1,1,1"):
+        with pytest.raises(ConfigError, match="--local-cluster"):
+            parse_local_cluster(bad)
+    cc = cluster_config("worker", 1, "[::1]:5001,[::1]:5002", "[::1]:5003")
+    assert not cc.is_chief and cc.flags()[:4] == ["--job-name", "worker", "--task-index", "1"]
