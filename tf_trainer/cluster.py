@@ -31,6 +31,7 @@ from tensorpack.graph_builder.utils import (
     split_grad_list,
 )
 from tensorpack.tfutils.common import get_global_step_var, get_op_tensor_name
+from tensorpack.tfutils.tower import TrainTowerContext
 from tensorpack.tfutils.varreplace import custom_getter_scope
 from tensorpack.train.trainers import (
     DistributedTrainerBase,
@@ -71,6 +72,20 @@ def server():
 
 # ---------------------------------------------------------------------------------------------------------
 # Graph builders: tensorpack's DistributedReplicatedBuilder / DistributedParameterServerBuilder, on v1 names.
+
+
+def _as_local(getter, name, *args, **kwargs):
+    """Create a global variable as a local one; leave the others alone.
+
+    tensorpack's override_to_local_variable fails on a variable that is already
+    local (its moving summaries nest a second override inside the first).
+    """
+    collections = set(kwargs.get("collections") or [v1.GraphKeys.GLOBAL_VARIABLES])
+    if v1.GraphKeys.GLOBAL_VARIABLES in collections:
+        collections.discard(v1.GraphKeys.GLOBAL_VARIABLES)
+        collections.add(v1.GraphKeys.LOCAL_VARIABLES)
+    kwargs["collections"] = list(collections)
+    return getter(name, *args, **kwargs)
 
 
 class _Barriers:
@@ -123,9 +138,7 @@ class ReplicatedBuilder(DataParallelBuilder):
             get_global_step_var()
         get_opt_fn = memoized(get_opt_fn)
         get_opt_fn()  # the optimizer's own variables (learning rate) are global
-        grad_list = DataParallelBuilder.build_on_towers(
-            self.towers, get_grad_fn, devices=self.raw_devices, use_vs=[True] * len(self.towers)
-        )
+        grad_list = self._build_towers(get_grad_fn)
         DataParallelBuilder._check_grad_list(grad_list)
         all_grads, all_vars = split_grad_list(grad_list)
         all_grads = allreduce_grads_naive(all_grads, devices=self.raw_devices)
@@ -143,6 +156,20 @@ class ReplicatedBuilder(DataParallelBuilder):
             with tf.name_scope("sync_model_variables"):
                 model_sync = tf.group(*[s.assign(v.read_value()) for s, v in self.shadow_model_vars])
         return train_op, initial_sync, model_sync
+
+    def _build_towers(self, get_grad_fn) -> list:
+        """tensorpack's build_on_towers with use_vs: each tower in its own variable scope, its variables local.
+
+        With a local-variable scope that tolerates the ones nested inside it
+        (the model's moving summaries): tensorpack's raises KeyError there.
+        """
+        grads = []
+        for idx, device in enumerate(self.raw_devices):
+            name = f"tower{idx}"
+            with v1.device(device), TrainTowerContext(name, vs_name=name, index=idx, total=len(self.towers)):
+                with custom_getter_scope(_as_local):
+                    grads.append(get_grad_fn())
+        return grads
 
     @staticmethod
     def _shadow(var, trainable: bool):
@@ -273,20 +300,6 @@ def _local_global_step():
             trainable=False,
             collections=[v1.GraphKeys.LOCAL_VARIABLES, v1.GraphKeys.GLOBAL_STEP],
         )
-
-
-def _as_local(getter, name, *args, **kwargs):
-    """Create a global variable as a local one; leave the others alone.
-
-    tensorpack's override_to_local_variable fails on a variable that is already
-    local (its moving summaries nest a second override inside the first).
-    """
-    collections = set(kwargs.get("collections") or [v1.GraphKeys.GLOBAL_VARIABLES])
-    if v1.GraphKeys.GLOBAL_VARIABLES in collections:
-        collections.discard(v1.GraphKeys.GLOBAL_VARIABLES)
-        collections.add(v1.GraphKeys.LOCAL_VARIABLES)
-    kwargs["collections"] = list(collections)
-    return getter(name, *args, **kwargs)
 
 
 class _EveryWorker:
