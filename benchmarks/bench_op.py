@@ -43,6 +43,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 
 import zmq_ops  # noqa: E402
+from benchmarks.memcpy import memcpy_bandwidth  # noqa: E402
 from wire import message  # noqa: E402
 from wire.endpoints import free_tcp_port  # noqa: E402
 
@@ -92,16 +93,8 @@ class Row:
 
 
 def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 7) -> float:
-    """Single-core memcpy bandwidth (bytes copied per second), median of repeats."""
-    src = np.ones(nbytes, np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # fault the pages in
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t)
-    return nbytes / statistics.median(times) / 1e9
+    """Single-core memcpy bandwidth in GB/s, median of repeats (the same reference as bench_wire)."""
+    return memcpy_bandwidth(nbytes, repeats).median / 1e9
 
 
 @contextmanager
@@ -145,7 +138,7 @@ def producer(ep: str, fmt: str, cfg: Config) -> Iterator[None]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if project_producer_works():
         args = ["-m", "producers", "synthetic", "--endpoint", ep, "--batch", str(cfg.batch), "--image-size",
-                str(cfg.image_size), "--format", fmt, "--quiet", "--hwm", "4"]  # fmt: skip
+                str(cfg.image_size), "--wire-format", fmt, "--quiet", "--hwm", "4"]  # fmt: skip
     else:
         args = ["-c", PRIVATE_SENDER, ep, fmt, str(cfg.batch), str(cfg.image_size)]
     proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, start_new_session=True)
@@ -344,10 +337,10 @@ def median_gbps(rows: list[Row], path: str, transport: str, fmt: str, cfg: Confi
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_op", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=64, help="images per batch")
+    parser.add_argument("--image-size", type=int, default=224, help="image height and width")
     parser.add_argument("--steps", type=int, default=50, help="batches per timed repeat")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
     parser.add_argument("--warmup", type=int, default=10, help="batches before timing starts")
     parser.add_argument("--hwm", type=int, default=4, help="receive high-water mark / queue capacity, in batches")
     parser.add_argument("--transports", default="ipc,tcp", help="comma-separated: ipc,tcp")

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from core.cli_types import positive_int
+
 # Photographs bundled with scikit-image itself (available offline); grey ones become RGB.
 PHOTOS = (
     "astronaut",
@@ -108,12 +110,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from producers.cli import positive_int
-
     p = sub.add_parser("make-dataset", help="write an ImageNet-layout folder of JPEG photographs")
     p.add_argument("folder", help="where to write the class sub-folders")
     p.add_argument("--classes", type=positive_int, default=10, help="class sub-folders")
     p.add_argument("--per-class", type=positive_int, default=50, help="JPEGs per class")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the photographs' crops and the JPEG quality jitter")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (each file varies by up to 2)")
     p.set_defaults(func=_run)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from tabulate import tabulate
 
-from core.config import BASELINE
+from core.atomic import atomic_write
+from core.errors import ConfigError
+from core.registry import BASELINE
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # of every JSON feedbench writes (--json, --out, --sweep)
 
 
 def add_ratios(results: dict[str, dict]) -> None:
@@ -42,14 +43,27 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
 
 
 def write_json(path: str, doc: dict) -> None:
-    """Write to a temporary file beside `path`, then rename: no half-written report, ever."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".feedbench-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"schema_version": SCHEMA_VERSION, **doc}, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """The report, with its schema version, written atomically: no half-written report, ever."""
+    atomic_write(path, json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2))
+
+
+def check_output_places(json_path: str | None, out_dir: str | None) -> None:
+    """Refuse, before anything runs, a --json or --out place that could not be written at the end."""
+    if json_path:
+        folder = os.path.dirname(os.path.abspath(json_path))
+        if os.path.isdir(json_path):
+            raise ConfigError(f"--json {json_path}: is a folder; give the name of the file to write")
+        _writable_folder("--json", json_path, folder)
+    if out_dir:
+        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+            raise ConfigError(f"--out {out_dir}: exists and is not a folder")
+        _writable_folder(
+            "--out", out_dir, out_dir if os.path.isdir(out_dir) else os.path.dirname(os.path.abspath(out_dir))
+        )
+
+
+def _writable_folder(flag: str, given: str, folder: str) -> None:
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {given}: no such folder {folder}; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {given}: cannot write in {folder} (read-only or not permitted)")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from runner import shutdown
 from runner.cluster_spec import MODES, ClusterConfig, parse_local_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +40,7 @@ def _prctl(option: int, value: int) -> None:
 def _in_child() -> None:
     """Runs in each task before exec: die with the launcher; take signals normally."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    shutdown.unblock_in_child()
 
 
 def free_ports(n: int) -> list[int]:
@@ -109,6 +110,7 @@ class LocalCluster:
         self.ps_hosts = [f"127.0.0.1:{p}" for p in ports[workers:]]
         self.base = [sys.executable, str(ROOT / "bench_input.py"), *strip_flags(argv), "--variable-update", mode]
         self.tasks: list[Task] = []
+        self.stopped = False
 
     def start(self) -> LocalCluster:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -118,18 +120,16 @@ class LocalCluster:
                 self.tasks.append(Task(cc, [*self.base, *cc.flags()], show=cc.is_chief))
         return self
 
-    def wait(self, stop_requested) -> tuple[int, str | None]:
-        """Until the chief is done (0, None), or a task fails (2, its line); `stop_requested()` interrupts (130)."""
+    def wait(self) -> str | None:
+        """Until the chief is done (None), or a task fails (the line naming it)."""
         chief = next(t for t in self.tasks if t.cc.is_chief)
         while True:
-            if stop_requested():
-                return 130, "interrupted: stopped every task of the local cluster"
             # A task that exits 0 has been released by the chief (parameter servers included).
             if any(t.proc.poll() not in (None, 0) for t in self.tasks):
                 first = self._first_failure()
-                return 2, f"error: {first.cc.name} {first.how()}"
+                return f"error: {first.cc.name} {first.how()}"
             if chief.proc.poll() == 0:
-                return 0, None
+                return None
             time.sleep(0.1)
 
     def _first_failure(self) -> Task:
@@ -157,6 +157,9 @@ class LocalCluster:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM every task's group (they stop their producers), then SIGKILL what is left, orphans included."""
+        if self.stopped:
+            return
+        self.stopped = True
         for t in self.tasks:
             if t.proc.poll() is None:
                 t.signal(signal.SIGTERM)
@@ -185,32 +188,27 @@ class LocalCluster:
 
 
 def run_local_cluster(argv: list[str], spec: str, mode: str) -> int:
-    """Run the cluster for `bench_input.py argv` and return the exit code; the chief prints the report."""
+    """Run the cluster for `bench_input.py argv` and return the exit code; the chief prints the report.
+
+    Ctrl-C and SIGTERM reach runner.shutdown's watcher, which stops the cluster through the registered `stop`.
+    """
     workers, ps = parse_local_cluster(spec)
     mode = mode if mode in MODES else MODES[0]
-    stop = {"signal": None}
-
-    def on_signal(sig, _frame) -> None:
-        stop["signal"] = sig
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(old))
     cluster = LocalCluster(argv, workers, ps, mode)
     print(
         f"local cluster: {workers} worker(s) on {','.join(cluster.worker_hosts)}, "
         f"{ps} parameter server(s) on {','.join(cluster.ps_hosts)}, {mode}",
         flush=True,
     )
+    shutdown.register(cluster.stop)
     try:
         cluster.start()
-        code, line = cluster.wait(lambda: stop["signal"] is not None)
-        if code == 0:
+        line = cluster.wait()
+        if line is None:
             line = cluster.finish()
-            code = 2 if line else 0
     finally:
+        shutdown.unregister(cluster.stop)
         cluster.stop()
-        for s, h in old.items():
-            signal.signal(s, h)
     if line:
         print(line, file=sys.stderr, flush=True)
-    return code
+    return 2 if line else 0

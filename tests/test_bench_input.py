@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import json
 import math
-import sys
+import os
 
 import numpy as np
 import psutil
 import pytest
 from tensorpack.callbacks import Callback
 
-from core.config import PATHS, BenchConfig, apply_defaults
+from core import registry
+from core.config import BenchConfig, apply_defaults
 from tf_trainer.run import InputError, run_path
 from tf_trainer.tf_env import tf
 
 tf = tf()
 pytestmark = pytest.mark.timeout(300)
+PATHS = registry.names("tf", default_run_only=True)
 
 
 def small(**kw) -> BenchConfig:
@@ -166,18 +168,18 @@ def test_zmq_consume_with_an_external_producer_writes_the_report(procs, ipc_dir,
 
 
 def test_run_started_producers_are_gone_after_the_run(procs, tmp_path):
-    code, out, err = run_cli(
-        procs, "--fake-location", "zmq-consume", "--input-only", "--batch", "2", "--image-size", "32",
+    # The run's endpoint lives in its temporary folder under TMPDIR: its producers name it on their command line.
+    p = procs.start(
+        "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--batch", "2", "--image-size", "32",
         "--warmup-steps", "1", "--steps", "2", "--repeats", "1", "--producers", "2",
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
-    assert code == 0, err
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
     assert "zmq-consume" in out and "vs gpu" in out
-    mine = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "producers" in " ".join(p.info["cmdline"] or []) and sys.executable in " ".join(p.info["cmdline"] or [])
-    ]
-    assert not [p for p in mine if p.ppid() == 1]
+    mine = [q for q in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(q.info["cmdline"] or [])]
+    assert not mine, "a producer of the run outlived it"
+    assert not list(tmp_path.iterdir()), "the run's temporary folder is removed"
 
 
 @pytest.mark.parametrize("producer", ["decode", "dali"])
@@ -188,7 +190,7 @@ def test_real_data_producers_feed_the_run(procs, tmp_path, producer):
     made = procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4")
     assert made.wait(120) == 0
     code, out, err = run_cli(
-        procs, "--fake-location", "zmq-consume", "--input-only", "--producer", producer, "--data", str(data),
+        procs, "--fake-location", "zmq-consume", "--input-only", "--producer-kind", producer, "--data", str(data),
         "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--steps", "2", "--repeats", "1", "--producers", "1",
     )  # fmt: skip
     assert code == 0, err
@@ -196,7 +198,7 @@ def test_real_data_producers_feed_the_run(procs, tmp_path, producer):
 
 
 def test_decode_producer_without_data_is_one_clear_error(procs):
-    code, out, err = run_cli(procs, "--producer", "decode", timeout=60)
+    code, out, err = run_cli(procs, "--producer-kind", "decode", timeout=60)
     assert code == 2
     assert "--data" in err.strip().splitlines()[-1]
 

@@ -1,4 +1,10 @@
-"""Run one input path end to end: producers, input, towers, measured training, clean stop."""
+"""Run one input path end to end: build its graph, start its producers, train and measure, stop cleanly.
+
+`build` makes the graph of a run (the path's input, the towers, the trainer)
+without training it, so tests can look at device placement; `run_path`
+builds, trains for warm-up + steps x repeats and returns the path's figures.
+Every path-specific piece comes from the path's class (tf_trainer/inputs/).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import logging
 import os
 import re
 import tempfile
+from dataclasses import dataclass, replace
+from typing import Any
 
 from tensorpack.callbacks import Callback, RunUpdateOps
 from tensorpack.tfutils.sesscreate import NewSessionCreator
@@ -13,17 +21,16 @@ from tensorpack.tfutils.sessinit import JustCurrentSession
 from tensorpack.tfutils.tower import get_current_tower_context
 from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 
+from core import registry
 from core.config import BenchConfig
+from core.errors import ConfigError, InputError
 from profiler.progress import RunProgress
 from runner import shutdown
-from runner.producer_group import ProducerDied, ProducerGroup, producer_command
+from runner.producer_group import ProducerDied, ProducerGroup, start_producers
 from tf_trainer import devices
-from tf_trainer.inputs.constant import cpu_synthetic_input, on_device_input
-from tf_trainer.inputs.python_feed import PullFlow, python_dataset_input, python_queue_input
-from tf_trainer.inputs.zmq_consume import zmq_op_input
-from tf_trainer.measure import COST_COLLECTION, StepTimer, summarize
+from tf_trainer.inputs.base import TFInputPath
+from tf_trainer.measure import COST_COLLECTION, Progress, StepTimer, summarize
 from tf_trainer.models.input_only import InputOnlyModel
-from tf_trainer.staging import stage_onto_devices
 from tf_trainer.telemetry import Telemetry
 from tf_trainer.tf_env import tf
 from tf_trainer.tracing import ProfileSteps
@@ -56,10 +63,6 @@ _log.setLevel(logging.WARNING)
 _log.addFilter(_Quiet())
 
 
-class InputError(RuntimeError):
-    """The input path could not deliver the batches the run needed; the message says which and why."""
-
-
 class _WatchProducers(Callback):
     """Notices a dead producer at the next step, instead of waiting for a receive timeout.
 
@@ -82,30 +85,6 @@ class _WatchProducers(Callback):
                 print(f"  warning: {message}; continuing with the other producers", flush=True)
         if len(self.reported) == len(self.group.procs):
             self.group.check()
-
-
-class _ConnectionStats(Callback):
-    """Reads the zmq op's counters (per producer, from sequence numbers) when training ends.
-
-    Telemetry reads them through `read` as well, between steps, for the wire's rates.
-    """
-
-    def __init__(self, sock) -> None:
-        self.sock = sock
-        self.producers: list[dict] = []
-        self.messages = 0
-
-    def _setup_graph(self) -> None:
-        self._stats = self.sock.stats()
-
-    def read(self, session) -> tuple[list[dict], int, int]:
-        """Per-producer rows, and the messages and bytes received so far."""
-        rows, totals = session.run(self._stats)
-        keys = ("producer", "received", "lost", "duplicated", "restarts")
-        return [dict(zip(keys, map(int, row), strict=True)) for row in rows], int(totals[0]), int(totals[1])
-
-    def _after_train(self) -> None:
-        self.producers, self.messages, _ = self.read(self.trainer.sess)
 
 
 def expected_message_size(batch: int, image_size: int) -> int:
@@ -158,35 +137,122 @@ def make_trainer(cfg: BenchConfig):
     if cfg.variable_update == "parameter_server":
         return SyncMultiGPUTrainerParameterServer(towers, ps_device=cfg.ps_device)
     if cfg.variable_update.startswith("distributed_"):
-        from tf_trainer import cluster  # this process's server, started by cluster.run_worker
+        from tf_trainer import cluster  # this process's server, started by tf_trainer.cluster_worker
 
         return cluster.make_trainer(cfg.variable_update, cfg.num_gpus)
-    raise ValueError(f"--variable-update {cfg.variable_update!r} is not supported here")
+    raise ConfigError(f"--variable-update {cfg.variable_update!r} is not supported here")
 
 
-def _producers(cfg: BenchConfig, endpoint: str, path: str = "") -> ProducerGroup | None:
-    if cfg.endpoint:
-        print(f"  waiting for an external producer to connect to {endpoint}", flush=True)
-        return None
-    cmds = [
-        producer_command(
-            cfg.producer,
-            endpoint,
-            1000 * i,
-            cfg.batch,
-            cfg.image_size,
-            cfg.wire_format,
-            cfg.producer_workers,
-            cfg.hwm,
-            data=cfg.data,
-            curve_keys=cfg.curve_keys,
-            rate=cfg.producer_rate,
-            # zmq-consume has no headers to carry producer telemetry: read the producers' progress lines
-            quiet=not (cfg.telemetry and path == "zmq-consume"),
+def batch_signature(model, batch: int) -> list:
+    """The model's input signature with the per-device batch filled in: what every path must deliver."""
+    return [tf.TensorSpec((batch, *s.shape[1:]), s.dtype, s.name) for s in model.get_input_signature()]
+
+
+@dataclass
+class Built:
+    """A run's graph, ready to train: what `build` returns."""
+
+    graph: Any
+    trainer: Any
+    source: Any  # the tensorpack InputSource the towers read
+    path: TFInputPath
+    model: Any
+    cfg: BenchConfig
+
+
+def build(
+    cfg: BenchConfig, path_name: str, num_gpus: int | None = None, has_gpu: bool = False, endpoint: str | None = None
+) -> Built:
+    """Build the graph of `path_name` on `num_gpus` towers (default cfg.num_gpus) without training it.
+
+    Opens no socket and starts no producer (the path's `open` and the run do);
+    `endpoint` only names what a producer path would bind when run. Without a
+    GPU (`has_gpu` False) the towers are moved onto one virtual CPU device each.
+    """
+    endpoint = endpoint or cfg.endpoint or f"ipc://{tempfile.gettempdir()}/feedbench-{path_name}"
+    if num_gpus is not None and num_gpus != cfg.num_gpus:
+        cfg = replace(cfg, num_gpus=num_gpus)
+    if cfg.max_msg_size is None:
+        cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
+    path = registry.get("tf", path_name)(cfg, endpoint)
+    graph = tf.Graph()
+    with graph.as_default():
+        model = make_model(cfg)
+        specs = batch_signature(model, cfg.batch)
+        source = path.build(specs, has_gpu)
+
+        def tower_cost(*inputs):
+            cost = model.build_graph(*inputs)
+            if get_current_tower_context().index == 0:
+                tf.compat.v1.add_to_collection(COST_COLLECTION, cost)
+            return cost
+
+        trainer = make_trainer(cfg)
+        trainer.setup_graph(specs, source, tower_cost, model.get_optimizer)
+        if not has_gpu:
+            devices.map_towers_to_cpus(graph, cfg.num_gpus)
+    return Built(graph, trainer, source, path, model, cfg)
+
+
+def _callbacks(built: Built, group: ProducerGroup | None, extra: list[Callback]) -> tuple[StepTimer, list[Callback]]:
+    """The training session's callbacks: timing, the path's own, producer watch, telemetry, profile, progress."""
+    cfg, path = built.cfg, built.path
+    total = cfg.warmup_steps + cfg.steps * cfg.repeats
+    timer = StepTimer()
+    callbacks = [timer] if cfg.input_only else [RunUpdateOps(), timer]
+    if group is not None:
+        callbacks.append(_WatchProducers(group, cfg.on_producer_exit))
+    telemetry = None
+    if cfg.telemetry:
+        telemetry = Telemetry(
+            path, cfg.warmup_steps, cfg.batch * cfg.num_gpus, sample_every=cfg.telemetry_every, total_steps=total
         )
-        for i in range(cfg.producers)
-    ]
-    return ProducerGroup(cmds, endpoint).start()
+    if cfg.profile_dir:
+        callbacks.append(ProfileSteps(os.path.join(cfg.profile_dir, path.name), cfg.warmup_steps, 3, telemetry))
+    if telemetry is not None:
+        callbacks.append(telemetry)
+    status = telemetry.live if telemetry is not None else None
+    callbacks.append(Progress(RunProgress(path.name, cfg.warmup_steps, total, status)))
+    callbacks += path.callbacks()
+    callbacks += extra
+    return timer, callbacks
+
+
+def _train(built: Built, callbacks: list[Callback], has_gpu: bool) -> None:
+    """Train for warm-up + steps x repeats; an input that fails is raised as one InputError line."""
+    cfg, path = built.cfg, built.path
+    where = f"{path.name}: {path.endpoint}" if path.needs_producers else path.name
+    try:
+        built.trainer.train(
+            callbacks=callbacks,
+            monitors=[],
+            session_creator=NewSessionCreator(config=devices.session_config(cfg.num_gpus, has_gpu)),
+            session_init=JustCurrentSession(),
+            steps_per_epoch=cfg.warmup_steps + cfg.steps * cfg.repeats,
+            starting_epoch=1,
+            max_epoch=1,
+        )
+    except ProducerDied as e:
+        raise InputError(f"{where}: {e}") from None
+    except tf.errors.OpError as e:
+        # The path's own words first (a Python consumer's wire error), else the op's.
+        raise InputError(f"{where}: {path.failure() or op_message(e)}") from None
+
+
+def _check_complete(built: Built, timer: StepTimer, group: ProducerGroup | None) -> None:
+    """An input that ended early (its stream closed) is an InputError naming why, if known."""
+    cfg, path = built.cfg, built.path
+    needed = cfg.warmup_steps + cfg.steps * cfg.repeats
+    if len(timer.ends) >= needed:
+        return
+    where = f"{path.name}: {path.endpoint}" if path.needs_producers else path.name
+    why = path.failure() or ""
+    if group is not None:
+        try:
+            group.check()
+        except ProducerDied as e:
+            why = str(e)
+    raise InputError(f"{where}: input ended after {len(timer.ends)} of {needed} steps{': ' + why if why else ''}")
 
 
 def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[Callback] = ()) -> dict:
@@ -194,125 +260,46 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
 
     `extra_callbacks` run inside the training session (tests use them to look at variables).
     """
-    if cfg.max_msg_size is None:
-        cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
     tmp = tempfile.TemporaryDirectory(prefix="feedbench-")
     shutdown.register(tmp.cleanup)
-    endpoint = cfg.endpoint or f"ipc://{tmp.name}/{path}"
-    connection_stats: _ConnectionStats | None = None
     group: ProducerGroup | None = None
-    flow: PullFlow | None = None
-    graph = tf.Graph()
+    built: Built | None = None
     try:
-        with graph.as_default():
-            if path == "gpu":
-                source = on_device_input(cfg.batch, cfg.image_size)
-            elif path == "cpu":
-                source = stage_onto_devices(cpu_synthetic_input(cfg.batch, cfg.image_size))
-            elif path in ("python-queue", "python-dataset"):
-                flow = PullFlow(endpoint, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys)
-                flow.open()
-                group = _producers(cfg, endpoint, path)
-                if path == "python-queue":
-                    source = stage_onto_devices(python_queue_input(flow))
+        built = build(cfg, path, cfg.num_gpus, has_gpu, cfg.endpoint or f"ipc://{tmp.name}/{path}")
+        cfg = built.cfg
+        with built.graph.as_default():
+            built.path.open()
+            if built.path.needs_producers:
+                if cfg.endpoint:
+                    print(f"  waiting for an external producer to connect to {cfg.endpoint}", flush=True)
                 else:
-                    source = stage_onto_devices(python_dataset_input(flow, cfg.batch, cfg.image_size))
-            elif path == "zmq-consume":
-                pulled = zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
-                connection_stats = _ConnectionStats(pulled.zmq_socket)
-                source = stage_onto_devices(pulled)
-                group = _producers(cfg, endpoint, path)
-            elif path == "dali":
-                from tf_trainer.inputs.dali import dali_dataset_input
-
-                threads = max(1, cfg.producer_workers)
-                source = stage_onto_devices(dali_dataset_input(cfg.data, cfg.batch, cfg.image_size, threads, has_gpu))
-            else:
-                raise ValueError(f"unknown input path {path!r}")
-
-            model = make_model(cfg)
-
-            def tower_cost(*inputs):
-                cost = model.build_graph(*inputs)
-                if get_current_tower_context().index == 0:
-                    tf.compat.v1.add_to_collection(COST_COLLECTION, cost)
-                return cost
-
-            trainer = make_trainer(cfg)
-            trainer.setup_graph(model.get_input_signature(), source, tower_cost, model.get_optimizer)
-            if not has_gpu and not os.environ.get("FB_NOREMAP"):
-                devices.map_towers_to_cpus(graph, cfg.num_gpus)
-            timer = StepTimer()
-            callbacks = [timer] if cfg.input_only else [RunUpdateOps(), timer]
-            if group is not None:
-                callbacks.append(_WatchProducers(group, cfg.on_producer_exit))
-            telemetry = None
-            if cfg.telemetry:
-                telemetry = Telemetry(
-                    source,
-                    cfg.warmup_steps,
-                    cfg.batch * cfg.num_gpus,
-                    cfg.batch,
-                    consumer=(lambda: flow.consumer) if flow is not None else None,
-                    producers=group if path == "zmq-consume" else None,
-                    sample_every=cfg.telemetry_every,
-                    total_steps=cfg.warmup_steps + cfg.steps * cfg.repeats,
-                    op_counters=connection_stats,
-                )
-            if cfg.profile_dir:
-                callbacks.append(ProfileSteps(os.path.join(cfg.profile_dir, path), cfg.warmup_steps, 3, telemetry))
-            if telemetry is not None:
-                callbacks.append(telemetry)
-            callbacks.append(RunProgress(path, cfg.warmup_steps, cfg.warmup_steps + cfg.steps * cfg.repeats, telemetry))
-            if connection_stats is not None:
-                callbacks.append(connection_stats)
-            callbacks.extend(extra_callbacks)
-            needed = cfg.warmup_steps + cfg.steps * cfg.repeats
-            try:
-                trainer.train(
-                    callbacks=callbacks,
-                    monitors=[],
-                    session_creator=NewSessionCreator(config=devices.session_config(cfg.num_gpus, has_gpu)),
-                    session_init=JustCurrentSession(),
-                    steps_per_epoch=needed,
-                    starting_epoch=1,
-                    max_epoch=1,
-                )
-            except tf.errors.DeadlineExceededError as e:
-                raise InputError(f"{path}: {op_message(e)}") from None
-            except ProducerDied as e:
-                raise InputError(f"{path}: {e}") from None
-            if len(timer.ends) < needed:
-                why = ""
-                if flow is not None and flow.consumer is not None:
-                    why = f": no batch from {endpoint} within {cfg.recv_timeout:g} s"
-                if group is not None:
-                    try:
-                        group.check()
-                    except ProducerDied as e:
-                        why = f": {e}"
-                raise InputError(f"{path}: input ended after {len(timer.ends)} of {needed} steps{why}")
-            result = summarize(timer, cfg.warmup_steps, cfg.steps, cfg.repeats, cfg.batch * cfg.num_gpus, cfg.num_gpus)
-            result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
-            if flow is not None and flow.consumer is not None:
-                # Per producer, from sequence numbers: what arrived, what went missing or came twice.
-                result["producers"] = flow.consumer.tracker.table()
-            if connection_stats is not None:
-                # Every batch the op accepted: the steps' batches plus one staged per device, ahead.
-                result["producers"] = connection_stats.producers
-                result["batches_pulled"] = connection_stats.messages
-            if telemetry is not None:
-                result["telemetry"] = telemetry.summary()
-                result["telemetry"]["trainer"] = {
-                    "images_per_sec": result["images_per_sec"]["median"],
-                    "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],
-                    "step_time_ms": result["step_time_ms"],
-                }
-            return result
+                    group = built.path.producers = start_producers(cfg, built.path.endpoint, tmp.name)
+            timer, callbacks = _callbacks(built, group, list(extra_callbacks))
+            _train(built, callbacks, has_gpu)
+            _check_complete(built, timer, group)
+            return _result(built, timer, callbacks)
     finally:
         if group is not None:
             group.stop()
-        if flow is not None:
-            flow.close()
+        if built is not None:
+            built.path.close()
         shutdown.unregister(tmp.cleanup)
         tmp.cleanup()
+
+
+def _result(built: Built, timer: StepTimer, callbacks: list[Callback]) -> dict:
+    """The path's result dict (docs/results.md): timing figures, accounting, each stage's telemetry."""
+    cfg = built.cfg
+    result = summarize(timer, cfg.warmup_steps, cfg.steps, cfg.repeats, cfg.batch * cfg.num_gpus, cfg.num_gpus)
+    result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
+    result["input"] = {"name": built.path.name, **built.path.describe()}
+    result.update(built.path.result_fields())
+    telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)
+    if telemetry is not None:
+        result["telemetry"] = telemetry.summary()
+        result["telemetry"]["trainer"] = {
+            "images_per_sec": result["images_per_sec"]["median"],
+            "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],
+            "step_time_ms": result["step_time_ms"],
+        }
+    return result

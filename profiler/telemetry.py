@@ -1,0 +1,129 @@
+"""Each stage's figures as a named dict, computed from what the stage recorded (no framework imports).
+
+The trainer side samples the stages (tf_trainer/telemetry.py for TensorFlow)
+and hands the raw samples here; the verdict (profiler/verdict.py) only reads
+the dicts these functions return. The names and fields are the `telemetry`
+block of docs/results.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+
+def queue_figures(sizes: list[int], capacity: int) -> dict | None:
+    """Occupancy of a queue sampled once per measured step."""
+    if not sizes:
+        return None
+    cap = capacity or 1
+    return {
+        "capacity": capacity,
+        "mean": statistics.mean(sizes),
+        "empty_share": sum(1 for q in sizes if q == 0) / len(sizes),
+        "full_share": sum(1 for q in sizes if q >= cap) / len(sizes),
+    }
+
+
+def staging_figures(sizes: list[float], capacity: int, towers: int) -> dict | None:
+    """Mean batches waiting per tower's staging area, sampled once per measured step."""
+    if not sizes:
+        return None
+    return {"capacity": capacity, "towers": towers, "mean": statistics.mean(sizes)}
+
+
+def wire_figures(first: dict | None, last: dict | None) -> dict | None:
+    """Rates between two counter snapshots ({time, messages, bytes, latency_s, wait_s, source})."""
+    if first is None or last is None:
+        return None
+    dt, dn = last["time"] - first["time"], last["messages"] - first["messages"]
+    if dt <= 0 or dn <= 0:
+        return None
+    timed = first["latency_s"] is not None
+    return {
+        "messages_per_sec": dn / dt,
+        "bytes_per_sec": (last["bytes"] - first["bytes"]) / dt,
+        # Only a consumer that times its messages (the Python one) gives latency and receive wait.
+        "latency_ms_mean": 1e3 * (last["latency_s"] - first["latency_s"]) / dn if timed else None,
+        "recv_wait_ms_mean": 1e3 * (last["wait_s"] - first["wait_s"]) / dn if first["wait_s"] is not None else None,
+        "source": first["source"],
+    }
+
+
+def producer_figures(rows: list[dict], batch: int, source: str) -> dict | None:
+    """The producers' figures from per-producer rows ({producer, images_per_sec, send_latency_ms, ...})."""
+    if not rows:
+        return None
+    # Share of each producer's time spent blocked in send (waiting for room under the HWM):
+    # high means producers could give more, so the limit is downstream of them.
+    shares = [r["send_latency_ms"] / 1e3 * r["images_per_sec"] / batch for r in rows if r["images_per_sec"] > 0]
+    return {
+        "source": source,
+        "count": len(rows),
+        "images_per_sec": sum(r["images_per_sec"] for r in rows),
+        "send_latency_ms": statistics.mean(r["send_latency_ms"] for r in rows),
+        "send_wait_share": min(1.0, statistics.mean(shares)) if shares else None,
+        "per_producer": rows,
+    }
+
+
+def input_wait_figures(traced: list[tuple[float, float]]) -> dict:
+    """From (exposed input ms, step wall ms) of the traced steps: the wait per step and its share of the step."""
+    if not traced:
+        return {"input_wait_ms": None, "input_wait_share": None}
+    waits = [w for w, _ in traced]
+    walls = [s for _, s in traced]
+    return {
+        "input_wait_ms": {"mean": statistics.mean(waits), "max": max(waits)},
+        "input_wait_share": min(1.0, sum(waits) / sum(walls)) if sum(walls) > 0 else 0.0,
+    }
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: list[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in intervals)
+
+
+def _subtract(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Parts of the (merged) intervals `xs` not covered by the (merged) intervals `ys`."""
+    out = []
+    for a, b in xs:
+        cur = a
+        for c, d in ys:
+            if d <= cur or c >= b:
+                continue
+            if c > cur:
+                out.append((cur, c))
+            cur = max(cur, d)
+            if cur >= b:
+                break
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def exposed_input_us(step_stats, input_ops: set[str]) -> tuple[int, int]:
+    """(microseconds when only input ops ran, span of the step in microseconds) from one traced step.
+
+    `step_stats` is a RunMetadata.step_stats protobuf; only its fields are read.
+    """
+    inputs, others = [], []
+    for dev in step_stats.dev_stats:
+        for n in dev.node_stats:
+            start = n.all_start_micros
+            end = start + max(n.all_end_rel_micros, 1)
+            name = n.node_name.split(":")[0]
+            (inputs if name in input_ops else others).append((start, end))
+    if not inputs and not others:
+        return 0, 0
+    every = inputs + others
+    span = max(b for _, b in every) - min(a for a, _ in every)
+    return _length(_subtract(_union(inputs), _union(others))), span
