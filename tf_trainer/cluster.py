@@ -100,6 +100,8 @@ class _Barriers:
     def barrier(self, name: str, dependencies: list):
         """An op that finishes when every worker has passed `dependencies` (tensorpack's sync queues)."""
         self.count += 1
+        if self.num_worker == 1:  # nobody to wait for (and dequeue_many(0) on an empty queue would block)
+            return tf.group(*dependencies, name=name)
         with v1.device(self.devices[self.count % len(self.devices)]):
             queues = [
                 v1.FIFOQueue(self.num_worker, [tf.bool], shapes=[[]], shared_name=f"{name}{i}")
