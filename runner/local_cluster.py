@@ -124,6 +124,9 @@ class LocalCluster:
         """Until the chief is done (None), or a task fails (the line naming it)."""
         chief = next(t for t in self.tasks if t.cc.is_chief)
         while True:
+            if self.stopped:  # Ctrl-C / SIGTERM: runner.shutdown is stopping the tasks and then exits
+                time.sleep(0.1)
+                continue
             # A task that exits 0 has been released by the chief (parameter servers included).
             if any(t.proc.poll() not in (None, 0) for t in self.tasks):
                 first = self._first_failure()
