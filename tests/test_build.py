@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
@@ -23,3 +24,9 @@ def test_build_puts_each_tower_on_its_own_device_and_binds_nothing(path, ipc_dir
     assert placed and all("CPU:1" in d for d in placed), placed  # without a GPU: tower k on virtual CPU k
     assert not os.listdir(ipc_dir), "building must not bind the endpoint"
     assert built.path.producers is None
+
+
+def test_each_path_lives_in_its_own_file():
+    for name in registry.names("tf"):
+        where = inspect.getfile(registry.get("tf", name))
+        assert where.endswith(os.path.join("tf_trainer", "inputs", name.replace("-", "_") + ".py")), (name, where)
