@@ -220,6 +220,16 @@ class ReplicatedBuilder(DataParallelBuilder):
         return tf.group(*ops, name=f"sync_{len(self.shadow_vars)}_variables_from_ps")
 
 
+class _CachingDevice(OverrideCachingDevice):
+    """tensorpack's OverrideCachingDevice, making its non-trainable variables local with the tolerant scope."""
+
+    def __call__(self, getter, *args, **kwargs):
+        size = tf.TensorShape(kwargs["shape"]).num_elements()
+        if size is None or not kwargs.get("trainable", True):
+            return _as_local(getter, *args, **kwargs)
+        return super().__call__(getter, *args, **kwargs)
+
+
 class ParameterServerBuilder(DataParallelBuilder):
     """One copy of every variable, spread over the PS tasks; each worker averages its towers' gradients and applies them.
 
@@ -244,7 +254,7 @@ class ParameterServerBuilder(DataParallelBuilder):
     def build(self, get_grad_fn, get_opt_fn):
         devices = [v1.train.replica_device_setter(worker_device=d, cluster=self.cluster) for d in self.raw_devices]
         caching = self.raw_devices if self.caching_device == "gpu" else [self.cpu_device]
-        getter = OverrideCachingDevice(caching, self.cpu_device, 1024 * 64)
+        getter = _CachingDevice(caching, self.cpu_device, 1024 * 64)
         with v1.variable_scope(v1.get_variable_scope(), custom_getter=getter):
             grad_list = DataParallelBuilder.build_on_towers(self.towers, get_grad_fn, devices)
         DataParallelBuilder._check_grad_list(grad_list)
