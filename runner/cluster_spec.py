@@ -109,6 +109,8 @@ def from_args(args, cfg, sweep: bool) -> ClusterConfig | None:
     """
     if sweep:
         raise ConfigError("--sweep does not run on a cluster; sweep on one machine, or run each point as a cluster")
+    if args.out:
+        raise ConfigError("--out: a cluster run writes its report with --json (on the chief)")
     if not args.fake_location:
         raise ConfigError("a cluster run trains one input path: pass --fake-location")
     if args.local_cluster:
