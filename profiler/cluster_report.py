@@ -3,8 +3,9 @@
 Workers train in lock-step (every step ends at a barrier on the parameter
 servers), so they all run at the pace of the slowest one and their images/s
 come out nearly equal. The straggler is therefore named from where the time
-goes: a worker whose steps wait for its own input (slow producers) holds the
-others back at the barrier; without one, the worker with the lowest rate.
+goes: every worker measures how long its steps wait at the barrier, and the
+one the others wait for waits least. Its own input wait says why (its
+producers are slow) or not (its step itself is slower).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from tabulate import tabulate
 # Input wait share from which a worker is said to hold the others back, and how far above the others it must be.
 WAIT_SHARE = 0.10
 WAIT_MARGIN = 0.05
-# Rate spread (slowest vs fastest) from which the slowest worker is named.
+# Rate spread (slowest vs fastest) from which the slowest worker is named, without barrier figures.
 RATE_SPREAD = 0.05
+# How much longer (share of a step) the others must wait at the barrier than the straggler.
+BARRIER_GAP = 0.10
 
 
 def _wait_share(worker: dict) -> float | None:
@@ -26,6 +29,23 @@ def straggler(workers: list[dict]) -> dict:
     """{"worker": index or None, "why": one line} for the cluster's report."""
     if len(workers) < 2:
         return {"worker": None, "why": "one worker: nothing to compare"}
+    at_barrier = [(w["cluster"].get("barrier_wait_ms"), w["cluster"]["task_index"], w) for w in workers]
+    if all(ms is not None for ms, _, _ in at_barrier):
+        (least, who, w), (second, _, _) = sorted(at_barrier, key=lambda x: x[0])[:2]
+        step = w["step_time_ms"]["p50"]
+        gap = second - least
+        if step > 0 and gap >= BARRIER_GAP * step:
+            share = _wait_share(w)
+            cause = (
+                f"its steps wait for its input {100 * share:.0f}% of the time"
+                if share is not None and share >= WAIT_SHARE
+                else "its own step is the slowest, not its input"
+            )
+            return {
+                "worker": who,
+                "why": f"the other workers wait {gap:.0f} ms more per step at the barrier than it does; {cause}",
+            }
+        return {"worker": None, "why": f"none: the workers reach the step barrier within {gap:.0f} ms of each other"}
     waits = [(_wait_share(w), w["cluster"]["task_index"]) for w in workers]
     known = sorted(((s, i) for s, i in waits if s is not None), reverse=True)
     if len(known) >= 2:
@@ -93,13 +113,14 @@ def table(result: dict) -> str:
                 f"{ips['median']:.1f}",
                 f"{ips['min']:.1f}–{ips['max']:.1f}",
                 f"{w['step_time_ms']['p50']:.0f} / {w['step_time_ms']['p90']:.0f}",
+                "n/a" if c.get("barrier_wait_ms") is None else f"{c['barrier_wait_ms']:.0f}",
                 "n/a" if share is None else f"{100 * share:.0f}%",
                 f"{w['final_loss']:.4g}",
             ]
         )
     ips = result["images_per_sec"]
-    rows.append(["total", "", f"{ips['median']:.1f}", f"{ips['min']:.1f}–{ips['max']:.1f}", "", "", ""])
-    headers = ["task", "host", "images/s", "min–max", "step ms p50 / p90", "input wait", "final loss"]
+    rows.append(["total", "", f"{ips['median']:.1f}", f"{ips['min']:.1f}–{ips['max']:.1f}", "", "", "", ""])
+    headers = ["task", "host", "images/s", "min–max", "step ms p50 / p90", "barrier ms", "input wait", "final loss"]
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 

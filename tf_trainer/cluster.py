@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 
 import numpy as np
 from tensorpack.callbacks import Callback
@@ -86,6 +87,16 @@ def _as_local(getter, name, *args, **kwargs):
         collections.add(v1.GraphKeys.LOCAL_VARIABLES)
     kwargs["collections"] = list(collections)
     return getter(name, *args, **kwargs)
+
+
+def _barrier_times(own_work: list, barriers: list, device: str) -> list:
+    """[arrival, release]: wall-clock times (s) at which this worker reaches the step's barriers and passes them."""
+    with v1.device(device):
+        with tf.control_dependencies(own_work):
+            arrival = tf.timestamp(name="barrier_arrival")
+        with tf.control_dependencies(barriers):
+            release = tf.timestamp(name="barrier_release")
+    return [arrival, release]
 
 
 class _Barriers:
@@ -200,14 +211,17 @@ class ReplicatedBuilder(DataParallelBuilder):
 
     def _apply_and_copy(self, opt, grad_list, ps_var_grads) -> list:
         """Apply each gradient on the PS, wait for every worker's, then copy the new value into each tower."""
-        updates = []
+        updates, applies, barriers = [], [], []
         with tf.name_scope("apply_gradients"):
             for vid, (g, v) in enumerate(ps_var_grads):
                 applied = opt.apply_gradients([(g, v)])
+                applies.append(applied)
                 barrier = self.barriers.barrier(f"param_update_barrier_{vid}", [applied])
+                barriers.append(barrier)
                 with tf.control_dependencies([barrier]), v1.device(self.cpu_device):
                     value = v.read_value()
                     updates += [grad_list[t][vid][1].assign(value) for t in range(len(self.towers))]
+        self.barrier_times = _barrier_times(applies, barriers, self.cpu_device)
         return updates
 
     def _initial_sync_op(self):
@@ -262,7 +276,9 @@ class ParameterServerBuilder(DataParallelBuilder):
             all_grads, all_vars = split_grad_list(grad_list)
             grads = list(zip(allreduce_grads_naive(all_grads), all_vars[0], strict=True))
             train_op = get_opt_fn().apply_gradients(grads, name="train_op")
-        return self.barriers.barrier("all_workers_sync_barrier", [train_op])
+        barrier = self.barriers.barrier("all_workers_sync_barrier", [train_op])
+        self.barrier_times = _barrier_times([train_op], [barrier], self.cpu_device)
+        return barrier
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -403,6 +419,42 @@ class VariableDigest(Callback):
         self.figures = {"ps": _digest(ps), "sum": float(sum(np.sum(a, dtype=np.float64) for a in ps))}
         if self._local:
             self.figures["local"] = _digest(sess.run(self._local))
+
+
+class BarrierWait(Callback):
+    """How long each measured step of this worker waited at the barrier for the others.
+
+    Workers step together, so their rates match; this says who waits: the
+    worker the others wait for (the straggler) waits least.
+    """
+
+    chief_only = False
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.waits: list[float] = []
+        self.steps: list[float] = []
+
+    def _setup_graph(self) -> None:
+        self._times = self.trainer._builder.barrier_times
+
+    def _before_run(self, ctx):
+        self._start = time.perf_counter()
+        return v1.train.SessionRunArgs(fetches=self._times)
+
+    def _after_run(self, ctx, values) -> None:
+        arrival, release = values.results
+        self.waits.append(max(0.0, float(release - arrival)))
+        self.steps.append(time.perf_counter() - self._start)
+
+    def figures(self) -> dict:
+        waits, steps = self.waits[self.warmup :], self.steps[self.warmup :]
+        if not waits:
+            return {"barrier_wait_ms": None, "barrier_wait_share": None}
+        return {
+            "barrier_wait_ms": 1e3 * float(np.median(waits)),
+            "barrier_wait_share": float(sum(waits) / sum(steps)) if sum(steps) > 0 else None,
+        }
 
 
 def _exchange_session(cc: ClusterConfig, graph):

@@ -39,11 +39,13 @@ def train(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool) -> dict | None:
     path = cfg.paths[-1]
     cluster.start_server(cc, session_config(cfg, cc, has_gpu))
     digest = cluster.VariableDigest()
-    result = run_path(cfg, path, has_gpu, extra_callbacks=[digest])
+    waits = cluster.BarrierWait(cfg.warmup_steps)
+    result = run_path(cfg, path, has_gpu, extra_callbacks=[digest, waits])
     result["cluster"] = {
         "task_index": cc.task_index,
         "host": cc.worker_hosts[cc.task_index],
         "variables": digest.figures,
+        **waits.figures(),
     }
     workers = cluster.gather_results(cc, result, GATHER_TIMEOUT_S)
     if workers is None:
