@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from core.errors import ConfigError
+from profiler.cluster_report import straggler
 from runner.cluster_spec import cluster_config, parse_local_cluster
 from tests.conftest import ROOT
 
@@ -77,6 +78,7 @@ def test_local_cluster_trains_with_variables_in_sync(tmp_path, path, mode):
         # ... and, replicated, each worker's own copy equals them after the last step.
         assert all(f["local"] == f["ps"] for f in figures)
     assert r["variables_in_sync"]
+    assert all(w["cluster"]["barrier_wait_ms"] >= 0 for w in r["workers"])
     # Each worker pulled from its own producers.
     assert all(sum(row["received"] for row in w["producers"]) > 0 for w in r["workers"])
     assert_all_gone(seen)
@@ -157,3 +159,23 @@ def test_local_cluster_spec():
             parse_local_cluster(bad)
     cc = cluster_config("worker", 1, "[::1]:5001,[::1]:5002", "[::1]:5003")
     assert not cc.is_chief and cc.flags()[:4] == ["--job-name", "worker", "--task-index", "1"]
+
+
+def _worker(task: int, barrier_ms: float | None, input_wait: float, rate: float = 100.0) -> dict:
+    return {
+        "cluster": {"task_index": task, "barrier_wait_ms": barrier_ms},
+        "images_per_sec": {"median": rate},
+        "step_time_ms": {"p50": 40.0},
+        "telemetry": {"input_wait_share": input_wait},
+    }
+
+
+def test_the_straggler_is_the_worker_the_others_wait_for():
+    # Worker 1's producers are slow: it reaches the barrier last, so it waits there least.
+    s = straggler([_worker(0, 35.0, 0.0), _worker(1, 0.5, 0.87)])
+    assert s["worker"] == 1 and "wait for its input 87%" in s["why"]
+    # A slow step of its own, not its input.
+    s = straggler([_worker(0, 1.0, 0.0), _worker(1, 20.0, 0.0), _worker(2, 22.0, 0.0)])
+    assert s["worker"] == 0 and "its own step is the slowest" in s["why"]
+    # Everyone arrives together: nobody is named.
+    assert straggler([_worker(0, 2.0, 0.0), _worker(1, 3.0, 0.0)])["worker"] is None
