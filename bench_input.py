@@ -225,6 +225,10 @@ def _main(argv: list[str]) -> int:
             validate(replace(cfg, endpoint=cfg.endpoint and cfg.endpoint.replace("{task}", "0")), paths)
             return run_local_cluster(argv, args.local_cluster, cfg.variable_update)
     validate(cfg, paths)
+    if task is not None and task.job_name == "ps":  # serves variables: no towers, no device checks
+        from tf_trainer.cluster_worker import run_task
+
+        return run_task(cfg, task, False)
 
     from core.config import apply_defaults
     from tf_trainer import devices
