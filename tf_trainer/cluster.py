@@ -41,7 +41,7 @@ from tensorpack.train.trainers import (
 )
 from tensorpack.utils.argtools import memoized
 
-from core.errors import ConfigError
+from core.errors import ConfigError, FeedbenchError
 from runner.cluster_spec import ClusterConfig
 from tf_trainer.tf_env import tf
 
@@ -491,12 +491,17 @@ def gather_results(cc: ClusterConfig, result: dict, timeout_s: float) -> list[di
     with _exchange_session(cc, graph) as sess:
         if not cc.is_chief:
             sess.run(put, options=options)
-            sess.run(wait)  # the chief releases every worker once it has the results
+            try:
+                sess.run(wait, options=options)  # the chief releases every worker once it has the results
+            except tf.errors.DeadlineExceededError:
+                raise FeedbenchError(
+                    f"the chief did not collect this worker's results within {timeout_s:g} s"
+                ) from None
             return None
         try:
             texts = sess.run(take, options=options)
         except tf.errors.DeadlineExceededError:
-            raise ConfigError(f"the workers' results did not reach the chief within {timeout_s:g} s") from None
+            raise FeedbenchError(f"the workers' results did not reach the chief within {timeout_s:g} s") from None
         sess.run(let_go)
         sess.run(stops)  # the parameter servers exit (serve_ps)
     others = [json.loads(t) for t in texts]
