@@ -48,6 +48,7 @@ def parse_args(argv: list[str], paths: dict):
     from core.cli_types import non_negative_int, positive_float, positive_int
     from core.registry import BASELINE
     from producers.commands import KINDS
+    from runner import cluster_spec
 
     p = _Parser(prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     listing = "; ".join(f"{n}: {c.summary}" for n, c in paths.items())
@@ -69,8 +70,10 @@ def parse_args(argv: list[str], paths: dict):
         "--repeats", type=positive_int, help="timed repeats; the median is reported (default 7; 3 without a GPU)"
     )
     p.add_argument(
-        "--variable-update", type=_variable_update, choices=("replicated", "parameter_server"), default="replicated",
-        help="how towers share variables: all-reduced copies per device, or one copy on --ps-device",
+        "--variable-update", type=_variable_update, choices=("replicated", "parameter_server", *cluster_spec.MODES),
+        default="replicated",
+        help="how towers share variables: all-reduced copies per device, or one copy on --ps-device; "
+        "distributed_*: across the tasks of a TensorFlow cluster (docs/cluster.md)",
     )  # fmt: skip
     p.add_argument("--ps-device", choices=("cpu", "gpu"), default="cpu", help="where parameter_server keeps variables")
     p.add_argument("--resnet-version", choices=("1", "1.5"), default="1.5", help="ResNet-50 v1 or v1.5 (stride in 3x3)")
@@ -159,6 +162,7 @@ def parse_args(argv: list[str], paths: dict):
         help="--fake-location, --num-gpus, --batch, --use-fp16 and --use-xla-compile take comma lists; run the grid",
     )  # fmt: skip
     g.add_argument("--out", metavar="DIR", help="write results.{json,csv,md,png} here (default for --sweep: results/)")
+    cluster_spec.add_flags(p)
     return p.parse_args(argv)
 
 
@@ -245,6 +249,7 @@ def _main(argv: list[str]) -> int:
     from core.errors import ConfigError
     from profiler.report import check_output_places
     from profiler.sweep import SweepError, split_args
+    from runner import cluster_spec
 
     paths = registry.load("tf")
     try:
@@ -258,7 +263,19 @@ def _main(argv: list[str]) -> int:
     if grid is not None:
         cfg.paths = grid.get("paths", cfg.paths)
         cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
+    task = None  # this process's place in a TensorFlow cluster (docs/cluster.md)
+    if args.local_cluster or cfg.variable_update in cluster_spec.MODES:
+        task = cluster_spec.from_args(args, cfg, sweep=grid is not None)
+        if task is None:
+            from runner.local_cluster import run_local_cluster
+
+            validate(replace(cfg, endpoint=cfg.endpoint and cfg.endpoint.replace("{task}", "0")), paths)
+            return run_local_cluster(argv, args.local_cluster, cfg.variable_update)
     validate(cfg, paths)
+    if task is not None and task.job_name == "ps":  # serves variables: no towers, no device checks
+        from tf_trainer.cluster_worker import run_task
+
+        return run_task(cfg, task, False)
 
     from core.config import apply_defaults
     from tf_trainer import devices
@@ -267,6 +284,10 @@ def _main(argv: list[str]) -> int:
     for note in apply_defaults(cfg, gpus):
         print(f"note: {note}")
     check_machine(cfg, gpus)
+    if task is not None:
+        from tf_trainer.cluster_worker import run_task
+
+        return run_task(cfg, task, gpus > 0)
     if grid is not None:
         return _sweep(base, grid, gpus, args.out or "results")
     started, results = _run(cfg, gpus > 0, batch_given=args.batch is not None)

@@ -158,6 +158,10 @@ def make_model(cfg: BenchConfig):
 
 def make_trainer(cfg: BenchConfig, has_gpu: bool):
     """tensorpack's trainer for --variable-update, placed as on `has_gpu` machines (tf_trainer/placement.py)."""
+    if cfg.variable_update.startswith("distributed_"):
+        from tf_trainer import cluster  # this process's server, started by tf_trainer.cluster_worker
+
+        return cluster.make_trainer(cfg.variable_update, cfg.num_gpus)
     try:
         return placement.make_trainer(cfg.variable_update, cfg.num_gpus, cfg.ps_device, has_gpu)
     except ValueError as e:
