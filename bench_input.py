@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument(
         "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
     )
-    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the Python paths' streams (CURVE)")
+    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
     p.add_argument("--json", dest="json_path", help="write the results to this JSON file")
     g = p.add_argument_group("profiling and sweeps (docs/profiling.md)")
     g.add_argument(
@@ -156,13 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         if not plugin_available():
             return fail(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
-    if cfg.curve_keys and "zmq-consume" in cfg.paths:
-        return fail("--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset")
     if cfg.endpoint:
         from wire.endpoints import EndpointError, check
 
         try:
-            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
+            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote, secured=bool(cfg.curve_keys))
         except EndpointError as e:
             return fail(str(e))
 

@@ -21,6 +21,7 @@ def zmq_op_input(
     hwm: int = 4,
     recv_timeout: float | None = None,
     max_msg_size: int | None = None,
+    curve_keys: str | None = None,
 ) -> TensorInput:
     """One ZMQPullSocket shared by all towers; each tower's pull takes its own batch."""
     import zmq_ops  # the op library is built by `make op`; import it only when this path runs
@@ -32,6 +33,7 @@ def zmq_op_input(
         bind=True,
         timeout_ms=-1 if recv_timeout is None else int(recv_timeout * 1000),
         max_msg_size=-1 if max_msg_size is None else int(max_msg_size),
+        curve_keys=curve_keys,
     )
 
     def fn() -> list:

@@ -213,7 +213,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 else:
                     source = stage_onto_devices(python_dataset_input(flow, cfg.batch, cfg.image_size))
             elif path == "zmq-consume":
-                pulled = zmq_op_input(endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size)
+                pulled = zmq_op_input(
+                    endpoint, cfg.batch, cfg.image_size, cfg.hwm, cfg.recv_timeout, cfg.max_msg_size, cfg.curve_keys
+                )
                 connection_stats = _ConnectionStats(pulled.zmq_socket)
                 source = stage_onto_devices(pulled)
                 group = _producers(cfg, endpoint, path)

@@ -124,7 +124,7 @@ class Receiver:
         threads: int = 2,
         allow_remote: bool = False,
     ) -> None:
-        check_endpoint(endpoint, bind, allow_remote or bool(curve_keys))
+        check_endpoint(endpoint, bind, allow_remote, secured=bool(curve_keys))
         self.endpoint = endpoint
         self.specs = [(np.dtype(d), tuple(int(x) for x in shape)) for d, shape in specs]
         if not self.specs or not slots:
