@@ -2,7 +2,8 @@
 
 This is what the python-queue and python-dataset input paths read from, and
 what the wire benchmark measures. Arrays view ZMQ's receive buffers, so a
-batch costs no copy until the caller makes one.
+batch costs no copy until the caller makes one; from shm:// producers they are
+the one copy out of the producer's shared-memory slot (wire/shm.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import zmq
 
 from consumers.accounting import SeqTracker
-from wire import curve, message
+from wire import curve, message, shm
 from wire.endpoints import attach
 
 
@@ -41,6 +42,7 @@ class PullConsumer:
         curve_keys: str | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._bind = bind
         self.recv_timeout = recv_timeout
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PULL)
@@ -56,6 +58,7 @@ class PullConsumer:
         except BaseException:
             self.close()
             raise
+        self._slots = shm.SlotReader()  # regions of shm:// producers, mapped on first sight
         self.tracker = SeqTracker()
         self.batches = 0
         self.bytes = 0
@@ -68,7 +71,13 @@ class PullConsumer:
         timeout_ms = -1 if self.recv_timeout is None else int(self.recv_timeout * 1000)
         if not self._sock.poll(timeout_ms, zmq.POLLIN):
             raise ReceiveTimeout(f"no batch from {self.endpoint} within {self.recv_timeout:g} s")
-        batch = message.recv(self._sock)
+        frames = [f.buffer for f in self._sock.recv_multipart(copy=False)]
+        if shm.is_slot_message(frames):  # the batch is in a producer's slot: copy it out, free the slot
+            header, ref = shm.decode(frames)
+            arrays = self._slots.read(header, ref)
+            batch = message.Batch(arrays, sum(a.nbytes for a in arrays), header)
+        else:
+            batch = message.decode_message(frames)
         self.wait_s += time.perf_counter() - t0
         self.batches += 1
         self.bytes += batch.nbytes
@@ -88,6 +97,10 @@ class PullConsumer:
 
     def close(self) -> None:
         self._sock.close(0)
+        if hasattr(self, "_slots"):
+            self._slots.close()
+        if self._bind and shm.is_shm(self.endpoint):  # libzmq leaves a bound ipc socket's file behind
+            shm.remove_socket(self.endpoint)
         if self._auth is not None:
             self._auth.stop()
             self._auth = None

@@ -22,6 +22,7 @@ from producers import sender
 from producers.sender import Counters, SendConfig, Source
 from wire.curve import CurveError
 from wire.endpoints import EndpointError
+from wire.shm import regions_of
 
 _PR_SET_PDEATHSIG = 1
 
@@ -112,6 +113,8 @@ def launch(
             if p.is_alive():
                 p.kill()
                 p.join()
+            for region in regions_of(p.pid):  # a worker killed before its consumer mapped its region
+                region.unlink(missing_ok=True)
         for s, h in old.items():
             signal.signal(s, h)
 

@@ -16,8 +16,8 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from wire import curve, message
-from wire.endpoints import attach
+from wire import curve, message, shm
+from wire.endpoints import EndpointError, attach
 
 Source = Callable[[int], Iterator[tuple[np.ndarray, ...]]]
 
@@ -120,6 +120,30 @@ def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], b
         monitor.poll(100)
 
 
+class _SlotSender:
+    """The shm:// half of a send: write the batch into a free slot of our region, then send its slot message."""
+
+    def __init__(self, cfg: SendConfig) -> None:
+        self.cfg = cfg
+        self.region: shm.Region | None = None
+
+    def prepare(self, arrays, should_stop: Callable[[], bool]) -> tuple[int | None, list[int]]:
+        """Write the batch into a free slot: (slot, offsets), or (None, []) when stopped or none came free."""
+        if self.region is None:  # sized by the first batch; the hwm bounds the slots in flight
+            _, slot_size = shm.layout(arrays)
+            self.region = shm.Region(max(2, self.cfg.hwm), slot_size)
+        slot = self.region.acquire(should_stop, self.cfg.give_up_after)
+        if slot is None:
+            return None, []
+        offsets = self.region.write(slot, arrays)
+        self.region.publish(slot)  # every byte is written: only now may the consumer see the slot
+        return slot, offsets
+
+    def close(self) -> None:
+        if self.region is not None:
+            self.region.close()
+
+
 def run(
     source: Source,
     worker: int,
@@ -129,12 +153,15 @@ def run(
     on_ready: Callable[[], None] = lambda: None,
 ) -> int:
     """Send batches until `count` is reached or `should_stop()`; returns an exit code."""
+    if shm.is_shm(cfg.endpoint) and cfg.fmt != "native":
+        raise EndpointError(f"endpoint {cfg.endpoint!r}: shm:// sends slot messages in the native format only")
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, cfg.hwm)
     # Queue only to live connections, so "sent" means a consumer is there to take it.
     sock.setsockopt(zmq.IMMEDIATE, 1)
     auth = None
+    slots = _SlotSender(cfg) if shm.is_shm(cfg.endpoint) else None
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     try:
         if cfg.curve_keys:
@@ -159,11 +186,21 @@ def run(
                 time.sleep(max(0.0, t_start + seq * images / cfg.rate - t1))
             t2 = time.perf_counter()
             extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
+            frames = None
+            if slots is not None:
+                slot, offsets = slots.prepare(arrays, should_stop)
+                if slot is None:  # no slot came back: the consumer stopped reading
+                    return DONE if should_stop() else CONSUMER_GONE
+                frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)
             while True:
                 if not _wait_writable(sock, should_stop, cfg.give_up_after):
                     return DONE if should_stop() else CONSUMER_GONE
                 try:
-                    nbytes = message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
+                    if frames is not None:
+                        sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                        nbytes = sum(a.nbytes for a in arrays)
+                    else:
+                        nbytes = message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
                     break
                 except zmq.Again:  # the consumer hung up between the poll and the send: wait again
                     continue
@@ -184,3 +221,7 @@ def run(
         if auth is not None:
             auth.stop()
         ctx.term()
+        if slots is not None:
+            slots.close()
+            if cfg.bind:
+                shm.remove_socket(cfg.endpoint)

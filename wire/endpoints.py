@@ -15,7 +15,9 @@ import sys
 
 import zmq
 
-SCHEMES = ("ipc", "tcp", "inproc")
+from wire import shm
+
+SCHEMES = ("ipc", "tcp", "inproc", "shm")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
@@ -69,6 +71,11 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False, secured: bool =
                 f"warning: {endpoint} listens beyond this machine; the stream is not authenticated",
                 file=sys.stderr,
             )
+    elif scheme == "shm":
+        try:
+            shm.check_name(endpoint)
+        except shm.ShmError as e:
+            raise EndpointError(str(e)) from None
     elif scheme == "ipc" and bind:
         path = addr
         parent = os.path.dirname(os.path.abspath(path)) or "."
@@ -82,11 +89,17 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False, secured: bool =
 def attach(sock: zmq.Socket, endpoint: str, bind: bool, allow_remote: bool = False, secured: bool = False) -> None:
     """Bind or connect `sock`, turning ZMQ's errors into ones that name the endpoint."""
     check(endpoint, bind, allow_remote, secured)
+    address = endpoint
+    if shm.is_shm(endpoint):  # slot messages travel over an ipc socket in a private folder
+        try:
+            address = shm.zmq_endpoint(endpoint)
+        except shm.ShmError as e:
+            raise EndpointError(str(e)) from None
     try:
         if bind:
-            sock.bind(endpoint)
+            sock.bind(address)
         else:
-            sock.connect(endpoint)
+            sock.connect(address)
     except zmq.ZMQError as e:
         verb = "bind" if bind else "connect"
         why = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror

@@ -187,7 +187,10 @@ class Receiver {
       return std::string("bad ") + (msg.native() ? "native" : "zmq_ops") + " message from " + ep + ": " +
              msg.error().ToString();
     }
-    const std::vector<wire::TensorView>& tensors = msg.tensors();
+    std::vector<wire::TensorView> tensors = msg.tensors();
+    shm::SlotLease lease;  // a shared-memory slot goes back to its producer after the copy
+    wire::WireError werr;
+    if (!conn_.ResolveSlot(msg, &tensors, &lease, &werr)) return "bad slot message from " + ep + ": " + werr.ToString();
     if (tensors.size() != fields_.size()) {
       return "n_tensors: message from " + ep + " has " + std::to_string(tensors.size()) +
              " tensors, the receiver expects " + std::to_string(fields_.size());

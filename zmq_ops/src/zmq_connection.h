@@ -40,7 +40,7 @@ class ZmqConnection : public tensorflow::ResourceBase {
 
   std::string DebugString() const override { return core_.DebugString(); }
   const ConnectionOptions& options() const { return options_; }
-  const core::Connection& core() const { return core_; }
+  core::Connection& core() { return core_; }
 
   // Runs `fn` on the connection's receive threads.
   void Schedule(std::function<void()> fn) { pool_->Schedule(std::move(fn)); }

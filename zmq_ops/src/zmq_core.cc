@@ -3,6 +3,7 @@
 #include "zmq_core.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -166,7 +167,19 @@ std::vector<wire::Frame> Message::Frames() const {
 
 void Message::Decode() {
   const std::vector<wire::Frame> frames = Frames();
+  if (shm::IsSlotMessage(frames)) {
+    slot_message_ = native_ = true;
+    ok_ = shm::DecodeSlotMessage(frames, total_frames_, &header_, &tensors_, &slot_, &error_);
+    return;
+  }
   ok_ = wire::DecodeMessage(frames, total_frames_, &native_, &header_, &tensors_, &error_);
+}
+
+size_t Message::payload_bytes() const {
+  if (!slot_message_) return total_bytes_;
+  size_t n = 0;
+  for (const auto& t : tensors_) n += t.nbytes;
+  return n;
 }
 
 // ------------------------------------------------------------- connection
@@ -183,6 +196,8 @@ Connection::~Connection() {
   if (zap_ != nullptr) zmq_close(zap_);
   if (monitor_ != nullptr) zmq_close(monitor_);
   if (context_ != nullptr) zmq_ctx_term(context_);
+  // libzmq leaves a bound ipc socket's file behind; shm:// owns its path.
+  if (options_.bind && !ipc_path_.empty()) unlink(ipc_path_.c_str());
 }
 
 std::string Connection::DebugString() const {
@@ -211,7 +226,13 @@ Status Connection::Open() {
   }
   if (!options_.curve_keys_dir.empty()) FB_RETURN_IF_ERROR(OpenCurve());
 
-  const int rc = options_.bind ? zmq_bind(socket_, ep.c_str()) : zmq_connect(socket_, ep.c_str());
+  std::string zmq_ep = ep;
+  if (shm::IsShmEndpoint(ep)) {
+    std::string why;
+    if (!shm::ZmqEndpoint(ep, &zmq_ep, &why)) return Error(Code::kInvalidArgument, why);
+    ipc_path_ = zmq_ep.substr(6);  // after ipc://
+  }
+  const int rc = options_.bind ? zmq_bind(socket_, zmq_ep.c_str()) : zmq_connect(socket_, zmq_ep.c_str());
   if (rc != 0) {
     return Error(Code::kInvalidArgument,
                  "ZMQ endpoint " + ep + ": cannot " + (options_.bind ? "bind" : "connect") + ": " + ZmqError());
@@ -344,7 +365,7 @@ std::string Connection::AuthFailures() const {
 void Connection::Account(const Message& msg) {
   std::lock_guard<std::mutex> lock(stats_mu_);
   messages_ += 1;
-  bytes_ += static_cast<int64_t>(msg.total_bytes());
+  bytes_ += static_cast<int64_t>(msg.payload_bytes());
   if (msg.native()) tracker_.Add(msg.header().producer_id, msg.header().seq);
 }
 

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "shm.h"
 #include "wire_decode.h"
 
 namespace feedbench {
@@ -49,7 +50,7 @@ struct Status {
   } while (0)
 
 struct ConnectionOptions {
-  std::string end_point;
+  std::string end_point;  // ipc://, tcp://, or shm://NAME (shared-memory slots, shm.h)
   int hwm = 10;               // ZMQ_RCVHWM, in messages
   bool bind = true;           // bind (consumer side listens) or connect
   int64_t timeout_ms = -1;    // per receive; -1 waits forever
@@ -97,6 +98,12 @@ class Message {
   // otherwise `error` names the bad field. `header` is set for native only.
   bool ok() const { return ok_; }
   bool native() const { return native_; }
+  // A shared-memory slot message (shm.h): tensors have no data until
+  // Connection::ResolveSlot points them into the producer's region.
+  bool slot_message() const { return slot_message_; }
+  const shm::SlotRef& slot() const { return slot_; }
+  // Bytes of the batch: the frames, or for a slot message its tensors.
+  size_t payload_bytes() const;
   const wire::NativeHeader& header() const { return header_; }
   const std::vector<wire::TensorView>& tensors() const { return tensors_; }
   const wire::WireError& error() const { return error_; }
@@ -111,6 +118,8 @@ class Message {
   size_t total_bytes_ = 0;
   bool ok_ = false;
   bool native_ = false;
+  bool slot_message_ = false;
+  shm::SlotRef slot_;
   wire::NativeHeader header_;
   std::vector<wire::TensorView> tensors_;
   wire::WireError error_;
@@ -153,6 +162,14 @@ class Connection {
   // says so instead of just waiting.
   std::string AuthFailures() const;
 
+  // For a slot message: points `tensors` (a copy of msg.tensors()) into the
+  // producer's slot and claims it; the lease hands it back. Otherwise a no-op.
+  // False with `err` naming the field (never reading outside the region).
+  bool ResolveSlot(const Message& msg, std::vector<wire::TensorView>* tensors, shm::SlotLease* lease,
+                   wire::WireError* err) {
+    return !msg.slot_message() || slots_.Resolve(msg.slot(), tensors, lease, err);
+  }
+
  private:
   Status OpenCurve();
   void AuthLoop();
@@ -164,6 +181,8 @@ class Connection {
   void* socket_ = nullptr;
   std::timed_mutex socket_mu_;  // held only while a message is taken off the socket
   std::atomic<bool> closing_{false};
+  shm::SlotReader slots_;
+  std::string ipc_path_;  // the socket file of a bound shm:// endpoint, removed on close
 
   mutable std::mutex stats_mu_;  // guards the counters below
   SeqTracker tracker_;

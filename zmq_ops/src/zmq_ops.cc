@@ -104,7 +104,12 @@ class ZmqPullOp : public AsyncOpKernel {
       return errors::InvalidArgument("bad ", msg.native() ? "native" : "zmq_ops", " message from ", ep, ": ",
                                      msg.error().ToString());
     }
-    const std::vector<wire::TensorView>& tensors = msg.tensors();
+    std::vector<wire::TensorView> tensors = msg.tensors();
+    shm::SlotLease lease;  // a shared-memory slot goes back to its producer after the copy
+    wire::WireError werr;
+    if (!conn->core().ResolveSlot(msg, &tensors, &lease, &werr)) {
+      return errors::InvalidArgument("bad slot message from ", ep, ": ", werr.ToString());
+    }
     if (tensors.size() != types_.size()) {
       return errors::InvalidArgument("n_tensors: message from ", ep, " has ", tensors.size(),
                                      " tensors, the op expects ", types_.size(), " (",
@@ -191,7 +196,8 @@ REGISTER_OP("ZMQConnection")
     .Doc(R"doc(
 A ZMQ PULL socket, as a resource shared by the ZMQPull ops that use it.
 
-end_point: the ZMQ endpoint (ipc://PATH, tcp://HOST:PORT).
+end_point: the ZMQ endpoint (ipc://PATH, tcp://HOST:PORT), or shm://NAME for
+  batches in producers' shared-memory slots (docs/wire.md).
 hwm: receive high-water mark, in messages.
 bind: bind to the endpoint (true) or connect to it (false).
 timeout_ms: a pull that gets no message in this time fails with
