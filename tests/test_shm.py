@@ -7,6 +7,7 @@ leave nothing in /dev/shm, and malformed slot messages are rejected by name.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -368,3 +369,23 @@ def test_fuzzed_slot_messages_never_crash_or_read_outside_the_region(ep) -> None
 def test_importing_wire_shm_needs_no_framework() -> None:
     code = "import sys, wire.shm; assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", ["zmq-consume", "python-queue"])
+def test_bench_input_reads_an_external_shm_producer(procs, ep, tmp_path, path) -> None:
+    producer = procs.producer(ep, "--batch", "2", "--image-size", "32", "--producer-id", "7")
+    out_json = tmp_path / "r.json"
+    p = procs.start(
+        "bench_input.py", "--fake-location", path, "--input-only", "--endpoint", ep, "--batch", "2",
+        "--image-size", "32", "--warmup-steps", "1", "--steps", "3", "--repeats", "2", "--json", str(out_json),
+    )  # fmt: skip
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    doc = json.loads(out_json.read_text())
+    row = doc["paths"][path]
+    assert row["images_per_sec"]["median"] > 0
+    assert [r["producer"] for r in row["producers"]] == [7]
+    assert row["producers"][0]["lost"] == 0 and row["producers"][0]["received"] > 0
+    producer.terminate()
+    assert producer.wait(30) == 0
