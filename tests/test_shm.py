@@ -389,3 +389,23 @@ def test_bench_input_reads_an_external_shm_producer(procs, ep, tmp_path, path) -
     assert row["producers"][0]["lost"] == 0 and row["producers"][0]["received"] > 0
     producer.terminate()
     assert producer.wait(30) == 0
+
+
+def test_a_slot_that_already_holds_the_same_read_only_arrays_is_not_rewritten() -> None:
+    pool = [np.arange(96, dtype=np.uint8).reshape(2, 4, 4, 3).copy(), np.arange(2, dtype=np.int32)]
+    for a in pool:
+        a.flags.writeable = False
+    r = shm.Region(2, shm.layout(pool)[1])
+    try:
+        r.write(0, pool)
+        r._data[0] = 255  # stands in for "bytes the second write would have to restore"
+        r.write(0, pool)
+        assert r._data[0] == 255  # same read-only arrays: nothing copied
+        writable = [a.copy() for a in pool]
+        r.write(0, writable)
+        assert r._data[0] == 0  # other arrays: copied
+        r._data[0] = 255
+        r.write(0, writable)
+        assert r._data[0] == 0  # writable arrays are always copied
+    finally:
+        r.close()

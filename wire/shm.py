@@ -145,6 +145,7 @@ class Region:
         self._state = buf[HEADER : HEADER + STATE_STRIDE * slots].view(np.uint32)[:: STATE_STRIDE // 4]
         self._data = buf[self.data_offset :]
         self._next = 0
+        self._holds: list[tuple[np.ndarray, ...] | None] = [None] * slots  # read-only arrays a slot already holds
 
     def acquire(self, should_stop: Callable[[], bool], give_up_after: float) -> int | None:
         """A free slot (round robin), or None when stopped or no slot came free for `give_up_after` s."""
@@ -162,14 +163,25 @@ class Region:
             time.sleep(pause)
 
     def write(self, slot: int, arrays: Sequence[np.ndarray]) -> list[int]:
-        """Copy the batch into `slot`; returns the offsets for the slot message."""
+        """Copy the batch into `slot`; returns the offsets for the slot message.
+
+        Read-only arrays (a synthetic source's pool) that the slot already
+        holds from an earlier round are not copied again: nobody can have
+        changed them, and the consumer only reads slots.
+        """
         offsets, size = layout(arrays)
         if size > self.slot_size:
             raise ShmError(f"a {size}-byte batch does not fit the region's {self.slot_size}-byte slots")
+        held = self._holds[slot]
+        if held is not None and len(held) == len(arrays) and all(a is b for a, b in zip(held, arrays, strict=True)):
+            return offsets
+        self._holds[slot] = None
         base = slot * self.slot_size
         for a, off in zip(arrays, offsets, strict=True):
             dst = self._data[base + off : base + off + a.nbytes]
             np.copyto(dst, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        if all(not a.flags.writeable and a.base is None for a in arrays):
+            self._holds[slot] = tuple(arrays)  # kept alive, so their identity cannot be reused
         return offsets
 
     def publish(self, slot: int) -> None:
