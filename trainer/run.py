@@ -26,6 +26,7 @@ from trainer.input_only import InputOnlyModel
 from trainer.measure import COST_COLLECTION, StepTimer, summarize
 from trainer.producer_group import ProducerDied, ProducerGroup, producer_command
 from trainer.tf_env import tf
+from wire import shm
 
 tf = tf()
 
@@ -192,8 +193,14 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
     if cfg.max_msg_size is None:
         cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
     tmp = tempfile.TemporaryDirectory(prefix="feedbench-")
-    shutdown.register(tmp.cleanup)
     endpoint = cfg.endpoint or f"ipc://{tmp.name}/{path}"
+
+    def cleanup() -> None:
+        tmp.cleanup()
+        if shm.is_shm(endpoint):  # the socket file of a bound shm:// endpoint (a signal skips the op's own clean-up)
+            shm.remove_socket(endpoint)
+
+    shutdown.register(cleanup)
     connection_stats: _ConnectionStats | None = None
     group: ProducerGroup | None = None
     flow: PullFlow | None = None
@@ -311,5 +318,5 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             group.stop()
         if flow is not None:
             flow.close()
-        shutdown.unregister(tmp.cleanup)
-        tmp.cleanup()
+        shutdown.unregister(cleanup)
+        cleanup()
