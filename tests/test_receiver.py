@@ -144,3 +144,24 @@ def test_builds_and_receives_against_the_libzmq_bundled_with_pyzmq(procs, ipc_di
             assert r.stats()[0] == [(0, 5, 0, 0, 0)], r.stats()
     """)
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+@pytest.mark.timeout(60)
+def test_next_waits_with_the_gil_released(ipc_dir) -> None:
+    import threading
+
+    with Receiver(f"ipc://{ipc_dir}/r", SPECS, slots(1)) as r:
+        done = threading.Event()
+        ticks = 0
+
+        def wait() -> None:
+            with pytest.raises(ReceiveTimeout):
+                r.next(timeout_ms=1000)
+            done.set()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        while not done.is_set():
+            ticks += 1  # runs only while next() does not hold the GIL
+        t.join()
+    assert ticks > 10_000

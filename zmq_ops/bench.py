@@ -12,7 +12,8 @@ single-core memcpy bandwidth measured in the same run (np.copyto on 256 MB).
 
 Paths: the op (both wire formats over ipc:// and tcp://, and shm://, where
 the batch sits in the producer's shared-memory slot and only a slot message
-crosses ZMQ); pyzmq + a
+crosses ZMQ); the TF-free native receiver (zmq_ops.receiver, what the PyTorch
+trainer reads with) into numpy slots; pyzmq + a
 tf.data.Dataset.from_generator; pyzmq + a FIFOQueue fed by feed_dict from a
 Python thread; and pyzmq alone with no TensorFlow (the wire's ceiling).
 """
@@ -208,6 +209,24 @@ def run_op(transport: str, fmt: str, cfg: Config) -> Row:
             return Row("zmq_ops op", transport, fmt, time_steps(lambda: sess.run(out), cfg))
 
 
+def run_receiver(transport: str, fmt: str, cfg: Config) -> Row:
+    """The TF-free native receiver (zmq_ops.receiver) into a ring of 4 numpy slots: next + release."""
+    from zmq_ops.receiver import Receiver
+
+    im_shape, lb_shape = _shapes(cfg)
+    specs = [("uint8", tuple(im_shape)), ("int32", tuple(lb_shape))]
+    ring = [[np.empty(shape, dtype) for dtype, shape in specs] for _ in range(4)]
+    with endpoint(transport) as ep, Receiver(ep, specs, ring, hwm=cfg.hwm, timeout_ms=60_000) as r:
+        with producer(ep, fmt, cfg):
+
+            def step() -> None:
+                i = r.next()
+                int(ring[i][0][0, 0, 0, 0])  # the caller would now copy the slot to the device
+                r.release(i)
+
+            return Row("native receiver (no TF)", transport, fmt, time_steps(step, cfg))
+
+
 def _pyzmq_pull(ep: str, cfg: Config) -> tuple[zmq.Context, zmq.Socket]:
     ctx = zmq.Context()
     s = ctx.socket(zmq.PULL)
@@ -357,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hwm", type=int, default=4, help="receive high-water mark / queue capacity, in batches")
     parser.add_argument("--transports", default="shm,ipc,tcp", help="comma-separated: shm,ipc,tcp")
     parser.add_argument("--formats", default="native,zmq_ops", help="wire formats for the op rows")
-    parser.add_argument("--paths", default="op,generator,queue,pyzmq",
-                        help="comma-separated: op, generator (from_generator), queue (FIFOQueue feed), "
-                        "pyzmq (recv only)")  # fmt: skip
+    parser.add_argument("--paths", default="op,receiver,generator,queue,pyzmq",
+                        help="comma-separated: op, receiver (the TF-free native receiver), generator "
+                        "(from_generator), queue (FIFOQueue feed), pyzmq (recv only)")  # fmt: skip
     args = parser.parse_args(argv)
     cfg = Config(args.batch, args.image_size, args.steps, args.repeats, args.warmup, args.hwm)
     transports = args.transports.split(",")
@@ -382,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # shm:// carries slot messages, which are native headers
                 rows.append(run_op(transport, fmt, cfg))
                 print(f"  done: op {transport} {fmt}", file=sys.stderr, flush=True)
+    if "receiver" in paths:
+        for transport in transports:
+            rows.append(run_receiver(transport, "native", cfg))
+            print(f"  done: receiver {transport}", file=sys.stderr, flush=True)
     # The Python paths read raw pyzmq sockets: they run on the first socket transport.
     py_transport = next((t for t in transports if t != "shm"), "ipc")
     python_paths = {"generator": run_from_generator, "queue": run_fifo_queue, "pyzmq": run_pyzmq_only}
