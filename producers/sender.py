@@ -121,20 +121,50 @@ def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], b
 
 
 class _SlotSender:
-    """The shm:// half of a send: write the batch into a free slot of our region, then send its slot message."""
+    """The shm:// half of a send: the batch goes into a free slot of our region, then its slot message is sent.
 
-    def __init__(self, cfg: SendConfig) -> None:
+    A source that can fill buffers it is given (`fills_buffers = True`, e.g.
+    the JPEG decoder) is handed views into the next free slot, so it decodes
+    straight into shared memory and nothing is copied; other batches are
+    copied into a slot.
+    """
+
+    def __init__(self, cfg: SendConfig, should_stop: Callable[[], bool]) -> None:
         self.cfg = cfg
+        self.should_stop = should_stop
         self.region: shm.Region | None = None
+        self.like: list[np.ndarray] | None = None  # the first batch, as a template for views
+        self.pending: tuple[int, list[np.ndarray]] | None = None  # a slot handed to the source to fill
+        self.gone = False  # no slot came free in time: the consumer stopped reading
 
-    def prepare(self, arrays, should_stop: Callable[[], bool]) -> tuple[int | None, list[int]]:
-        """Write the batch into a free slot: (slot, offsets), or (None, []) when stopped or none came free."""
+    def buffers(self) -> list[np.ndarray] | None:
+        """Views into a free slot for the source's next batch (None: let the source allocate)."""
+        if self.region is None or self.like is None or self.pending is not None:
+            return None
+        slot = self.region.acquire(self.should_stop, self.cfg.give_up_after)
+        if slot is None:
+            self.gone = not self.should_stop()
+            return None
+        views = self.region.views(slot, self.like)
+        self.pending = (slot, views)
+        return views
+
+    def prepare(self, arrays) -> tuple[int | None, list[int]]:
+        """Put the batch into a slot: (slot, offsets), or (None, []) when stopped or none came free."""
         if self.region is None:  # sized by the first batch; the hwm bounds the slots in flight
             _, slot_size = shm.layout(arrays)
             self.region = shm.Region(max(2, self.cfg.hwm), slot_size)
-        slot = self.region.acquire(should_stop, self.cfg.give_up_after)
-        if slot is None:
-            return None, []
+            self.like = [np.empty(a.shape, a.dtype) for a in arrays]
+        if self.pending is not None:
+            slot, views = self.pending
+            self.pending = None
+            if len(views) == len(arrays) and all(a is v for a, v in zip(arrays, views, strict=True)):
+                self.region.publish(slot)  # decoded in place: nothing to copy
+                return slot, shm.layout(arrays)[0]
+        else:
+            slot = self.region.acquire(self.should_stop, self.cfg.give_up_after)
+            if slot is None:
+                return None, []
         offsets = self.region.write(slot, arrays)
         self.region.publish(slot)  # every byte is written: only now may the consumer see the slot
         return slot, offsets
@@ -161,14 +191,17 @@ def run(
     # Queue only to live connections, so "sent" means a consumer is there to take it.
     sock.setsockopt(zmq.IMMEDIATE, 1)
     auth = None
-    slots = _SlotSender(cfg) if shm.is_shm(cfg.endpoint) else None
+    slots = _SlotSender(cfg, should_stop) if shm.is_shm(cfg.endpoint) else None
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     try:
         if cfg.curve_keys:
             auth = curve.secure(sock, cfg.curve_keys, server=cfg.bind)
         attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote, secured=bool(cfg.curve_keys))
         on_ready()
-        batches = source(worker)
+        if slots is not None and getattr(source, "fills_buffers", False):
+            batches = source(worker, buffers=slots.buffers)
+        else:
+            batches = source(worker)
         # A source may report counters of its own (e.g. bad files skipped) in each header.
         source_extras = getattr(source, "header_extras", lambda worker: {})
         telemetry = _Telemetry()
@@ -177,6 +210,8 @@ def run(
         while cfg.count is None or seq < cfg.count:
             t0 = time.perf_counter()
             arrays = next(batches, None)
+            if slots is not None and slots.gone:
+                return CONSUMER_GONE
             if arrays is None:  # a finite source ran out
                 break
             t1 = time.perf_counter()
@@ -188,7 +223,7 @@ def run(
             extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
             frames = None
             if slots is not None:
-                slot, offsets = slots.prepare(arrays, should_stop)
+                slot, offsets = slots.prepare(arrays)
                 if slot is None:  # no slot came back: the consumer stopped reading
                     return DONE if should_stop() else CONSUMER_GONE
                 frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)

@@ -409,3 +409,21 @@ def test_a_slot_that_already_holds_the_same_read_only_arrays_is_not_rewritten() 
         assert r._data[0] == 0  # writable arrays are always copied
     finally:
         r.close()
+
+
+@pytest.mark.timeout(180)
+def test_decode_producers_decode_straight_into_the_slots_and_match_ipc(procs, ep, ipc_dir, tmp_path) -> None:
+    data = tmp_path / "ds"
+    made = procs.start("-m", "producers", "make-dataset", str(data), "--classes", "2", "--per-class", "4")
+    assert made.wait(120) == 0
+    args = ("--data", str(data), "--batch", "4", "--image-size", "32", "--count", "6", "--quiet", "--hwm", "2")
+    got = {}
+    for endpoint in (f"ipc://{ipc_dir}/d", ep):
+        with PullConsumer(endpoint, recv_timeout=60) as c:
+            p = procs.start("-m", "producers", "decode", "--endpoint", endpoint, *args)
+            got[endpoint] = [c.recv().arrays for _ in range(6)]
+        assert p.wait(60) == 0, p.stderr.read()
+    for (a_images, a_labels), (b_images, b_labels) in zip(*got.values(), strict=True):
+        np.testing.assert_array_equal(a_images, b_images)
+        np.testing.assert_array_equal(a_labels, b_labels)
+    assert got[ep][0][0].std() > 5  # decoded pictures, not an untouched slot

@@ -184,6 +184,21 @@ class Region:
             self._holds[slot] = tuple(arrays)  # kept alive, so their identity cannot be reused
         return offsets
 
+    def views(self, slot: int, like: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Writable arrays shaped like `like`, laid out in `slot` as write() would: fill them in place.
+
+        A source that decodes straight into these needs no copy into the slot.
+        """
+        offsets, size = layout(like)
+        if size > self.slot_size:
+            raise ShmError(f"a {size}-byte batch does not fit the region's {self.slot_size}-byte slots")
+        self._holds[slot] = None
+        base = slot * self.slot_size
+        return [
+            self._data[base + off : base + off + a.nbytes].view(a.dtype).reshape(a.shape)
+            for a, off in zip(like, offsets, strict=True)
+        ]
+
     def publish(self, slot: int) -> None:
         """Mark a written slot as the consumer's (after every byte of it is written)."""
         self._state[slot] = PUBLISHED
