@@ -391,6 +391,26 @@ def test_bench_input_reads_an_external_shm_producer(procs, ep, tmp_path, path) -
     assert producer.wait(30) == 0
 
 
+@pytest.mark.timeout(300)
+def test_an_interrupted_run_on_an_external_shm_endpoint_removes_its_socket_file(procs, ep) -> None:
+    """A signal skips the op's own clean-up; the run's shutdown clean-up removes the file instead."""
+    producer = procs.producer(ep, "--batch", "2", "--image-size", "32")
+    p = procs.start(
+        "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--endpoint", ep, "--batch", "2",
+        "--image-size", "32", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
+    )  # fmt: skip
+    name = f"{shm.check_name(ep)}.sock"
+    deadline = time.monotonic() + 240
+    while name not in sockets() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert name in sockets(), p.stderr.read() if p.poll() is not None else "the run never bound its endpoint"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 128 + signal.SIGTERM
+    assert name not in sockets()
+    producer.terminate()
+    assert producer.wait(30) == 0
+
+
 def test_a_slot_that_already_holds_the_same_read_only_arrays_is_not_rewritten() -> None:
     pool = [np.arange(96, dtype=np.uint8).reshape(2, 4, 4, 3).copy(), np.arange(2, dtype=np.int32)]
     for a in pool:

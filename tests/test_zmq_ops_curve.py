@@ -3,6 +3,7 @@ client key, refuse any other (wrong client key, another server key, no keys), an
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -62,6 +63,23 @@ def test_op_receives_from_a_producer_with_matching_keys(procs, keys: Path) -> No
             assert images.shape == (BATCH, SIZE, SIZE, 3) and labels.shape == (BATCH,)
         rows, _ = sess.run(stats)
         assert rows.tolist() == [[0, 3, 0, 0, 0]]
+
+
+@pytest.mark.timeout(300)
+def test_bench_input_runs_zmq_consume_with_curve_keys(procs, keys: Path, tmp_path: Path) -> None:
+    """The run's own producers get the folder too, and the op admits them."""
+    pytest.importorskip("zmq_ops.tf_op", reason="zmq_ops op not built (run `make op`)")
+    out_json = tmp_path / "r.json"
+    p = procs.start(
+        "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--curve-keys", str(keys),
+        "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--steps", "3", "--repeats", "1",
+        "--json", str(out_json),
+    )  # fmt: skip
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    row = json.loads(out_json.read_text())["paths"]["zmq-consume"]
+    assert row["images_per_sec"]["median"] > 0
+    assert row["producers"] and all(r["received"] > 0 and r["lost"] == 0 for r in row["producers"])
 
 
 @pytest.mark.timeout(120)
