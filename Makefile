@@ -18,6 +18,7 @@ $(STAMP): setup.py scripts/setup_env.sh
 # Rebuilds the op only when its sources or the installed TensorFlow changed.
 op: $(STAMP)
 	$(PY) zmq_ops/build.py
+	$(PY) zmq_ops/build.py --receiver
 	$(PY) tf_trainer/models/emulated_op/build.py
 
 bench: install

@@ -132,7 +132,7 @@ def parse_args(argv: list[str], paths: dict):
     g.add_argument(
         "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
     )
-    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the Python paths' streams (CURVE)")
+    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     g = p.add_argument_group("profiling and sweeps (docs/profiling.md)")
     g.add_argument(
@@ -210,7 +210,7 @@ def validate(cfg, paths: dict) -> None:
         paths[name].validate(cfg)
     if cfg.endpoint:
         try:
-            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
+            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote, secured=bool(cfg.curve_keys))
             check_reachable(cfg.endpoint)  # the external producer is another process
         except EndpointError as e:
             raise ConfigError(str(e)) from None

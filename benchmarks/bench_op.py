@@ -1,6 +1,6 @@
 """Input-only throughput of the zmq_ops op, next to the Python ways of feeding TensorFlow.
 
-    python -m benchmarks.bench_op [--steps 50] [--repeats 5] [--transports ipc,tcp]
+    python -m benchmarks.bench_op [--steps 50] [--repeats 5] [--transports shm,ipc,tcp]
 
 A real producer process (`python -m producers synthetic`) pushes batches of
 64x224x224x3 uint8 images and int32 labels; the consumer (this process)
@@ -10,7 +10,10 @@ timed as a warm-up then `--repeats` runs of `--steps` steps; the table gives
 the median (and min..max) in GB/s of batch data, images/s, and the ratio to
 single-core memcpy bandwidth measured in the same run (np.copyto on 256 MB).
 
-Paths: the op (both wire formats, ipc:// and tcp://); pyzmq + a
+Paths: the op (both wire formats over ipc:// and tcp://, and shm://, where
+the batch sits in the producer's shared-memory slot and only a slot message
+crosses ZMQ); the TF-free native receiver (zmq_ops.receiver, what the PyTorch
+trainer reads with) into numpy slots; pyzmq + a
 tf.data.Dataset.from_generator; pyzmq + a FIFOQueue fed by feed_dict from a
 Python thread; and pyzmq alone with no TensorFlow (the wire's ceiling).
 """
@@ -100,6 +103,9 @@ def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 7) -> float:
 @contextmanager
 def endpoint(transport: str) -> Iterator[str]:
     """A fresh endpoint on this machine only."""
+    if transport == "shm":
+        yield f"shm://zqb-{os.getpid()}-{time.monotonic_ns()}"
+        return
     if transport == "tcp":
         yield f"tcp://127.0.0.1:{free_tcp_port()}"
         return
@@ -194,6 +200,24 @@ def run_op(transport: str, fmt: str, cfg: Config) -> Row:
             out = consume(images, labels)
         with tf.compat.v1.Session(graph=graph) as sess, producer(ep, fmt, cfg):
             return Row("zmq_ops op", transport, fmt, time_steps(lambda: sess.run(out), cfg))
+
+
+def run_receiver(transport: str, fmt: str, cfg: Config) -> Row:
+    """The TF-free native receiver (zmq_ops.receiver) into a ring of 4 numpy slots: next + release."""
+    from zmq_ops.receiver import Receiver
+
+    im_shape, lb_shape = _shapes(cfg)
+    specs = [("uint8", tuple(im_shape)), ("int32", tuple(lb_shape))]
+    ring = [[np.empty(shape, dtype) for dtype, shape in specs] for _ in range(4)]
+    with endpoint(transport) as ep, Receiver(ep, specs, ring, hwm=cfg.hwm, timeout_ms=60_000) as r:
+        with producer(ep, fmt, cfg):
+
+            def step() -> None:
+                i = r.next()
+                int(ring[i][0][0, 0, 0, 0])  # the caller would now copy the slot to the device
+                r.release(i)
+
+            return Row("native receiver (no TF)", transport, fmt, time_steps(step, cfg))
 
 
 def _pyzmq_pull(ep: str, cfg: Config) -> tuple[zmq.Context, zmq.Socket]:
@@ -343,11 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
     parser.add_argument("--warmup", type=int, default=10, help="batches before timing starts")
     parser.add_argument("--hwm", type=int, default=4, help="receive high-water mark / queue capacity, in batches")
-    parser.add_argument("--transports", default="ipc,tcp", help="comma-separated: ipc,tcp")
+    parser.add_argument("--transports", default="shm,ipc,tcp", help="comma-separated: shm,ipc,tcp")
     parser.add_argument("--formats", default="native,zmq_ops", help="wire formats for the op rows")
-    parser.add_argument("--paths", default="op,generator,queue,pyzmq",
-                        help="comma-separated: op, generator (from_generator), queue (FIFOQueue feed), "
-                        "pyzmq (recv only)")  # fmt: skip
+    parser.add_argument("--paths", default="op,receiver,generator,queue,pyzmq",
+                        help="comma-separated: op, receiver (the TF-free native receiver), generator "
+                        "(from_generator), queue (FIFOQueue feed), pyzmq (recv only)")  # fmt: skip
     args = parser.parse_args(argv)
     cfg = Config(args.batch, args.image_size, args.steps, args.repeats, args.warmup, args.hwm)
     transports = args.transports.split(",")
@@ -366,24 +390,36 @@ def main(argv: list[str] | None = None) -> int:
     if "op" in paths:
         for transport in transports:
             for fmt in formats:
+                if transport == "shm" and fmt != "native":
+                    continue  # shm:// carries slot messages, which are native headers
                 rows.append(run_op(transport, fmt, cfg))
                 print(f"  done: op {transport} {fmt}", file=sys.stderr, flush=True)
+    if "receiver" in paths:
+        for transport in transports:
+            rows.append(run_receiver(transport, "native", cfg))
+            print(f"  done: receiver {transport}", file=sys.stderr, flush=True)
+    # The Python paths read raw pyzmq sockets: they run on the first socket transport.
+    py_transport = next((t for t in transports if t != "shm"), "ipc")
     python_paths = {"generator": run_from_generator, "queue": run_fifo_queue, "pyzmq": run_pyzmq_only}
     for name, run in python_paths.items():
         if name in paths:
-            rows.append(run(transports[0], "native", cfg))
+            rows.append(run(py_transport, "native", cfg))
             print(f"  done: {rows[-1].path}", file=sys.stderr, flush=True)
 
     print()
     print(report(rows, cfg, memcpy))
-    op = median_gbps(rows, "zmq_ops op", transports[0], "native", cfg)
-    gen = median_gbps(rows, "pyzmq + from_generator", transports[0], "native", cfg)
-    if op and gen:
-        print(f"\nop / from_generator ({transports[0]}, native): {op / gen:.1f}x")
-    wire = median_gbps(rows, "pyzmq recv only (no TF)", transports[0], "native", cfg)
+    gen = median_gbps(rows, "pyzmq + from_generator", py_transport, "native", cfg)
+    print()
+    for transport in transports:
+        op_t = median_gbps(rows, "zmq_ops op", transport, "native", cfg)
+        if op_t:
+            vs_gen = f", {op_t / gen:.1f}x pyzmq + from_generator ({py_transport})" if gen else ""
+            print(f"op over {transport} (native): {op_t / memcpy:.0%} of memcpy{vs_gen}")
+    op = median_gbps(rows, "zmq_ops op", py_transport, "native", cfg)
+    wire = median_gbps(rows, "pyzmq recv only (no TF)", py_transport, "native", cfg)
     if op:
         mb = cfg.batch_bytes / 1e6
-        print(f"\nwhere a batch's time goes ({transports[0]}, native, ms per batch):")
+        print(f"\nwhere a batch's time goes ({py_transport}, native, ms per batch):")
         parts = [("whole op path (receive + copy + consume)", mb / op)]
         if wire:
             parts.append(("the wire alone (pyzmq recv, no copy, no TF)", mb / wire))

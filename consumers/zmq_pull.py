@@ -2,7 +2,8 @@
 
 This is what the python-queue and python-dataset input paths read from, and
 what the wire benchmark measures. Arrays view ZMQ's receive buffers, so a
-batch costs no copy until the caller makes one.
+batch costs no copy until the caller makes one; from shm:// producers they are
+the one copy out of the producer's shared-memory slot (wire/shm.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import zmq
 
 from consumers.accounting import SeqTracker
-from wire import curve, message
+from wire import curve, message, shm
 from wire.endpoints import attach, release
 
 
@@ -48,6 +49,7 @@ class PullConsumer:
         curve_keys: str | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._bind = bind
         self.recv_timeout = recv_timeout
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PULL)
@@ -60,11 +62,12 @@ class PullConsumer:
         try:
             if curve_keys:
                 self._auth = curve.secure(self._sock, curve_keys, server=bind)
-            attach(self._sock, endpoint, bind, allow_remote)
+            attach(self._sock, endpoint, bind, allow_remote, secured=bool(curve_keys))
             self._bound = bind
         except BaseException:
             self.close()
             raise
+        self._slots = shm.SlotReader()  # regions of shm:// producers, mapped on first sight
         self.tracker = SeqTracker()
         self.batches = 0
         self.bytes = 0
@@ -90,7 +93,13 @@ class PullConsumer:
                     break
         if not ready:
             raise ReceiveTimeout(f"no batch from {self.endpoint} within {self.recv_timeout:g} s")
-        batch = message.recv(self._sock)
+        frames = [f.buffer for f in self._sock.recv_multipart(copy=False)]
+        if shm.is_slot_message(frames):  # the batch is in a producer's slot: copy it out, free the slot
+            header, ref = shm.decode(frames)
+            arrays = self._slots.read(header, ref)
+            batch = message.Batch(arrays, sum(a.nbytes for a in arrays), header)
+        else:
+            batch = message.decode_message(frames)
         self.wait_s += time.perf_counter() - t0
         self.batches += 1
         self.bytes += batch.nbytes
@@ -110,7 +119,9 @@ class PullConsumer:
 
     def close(self) -> None:
         self._sock.close(0)
-        if self._bound:
+        if hasattr(self, "_slots"):
+            self._slots.close()
+        if self._bound:  # libzmq leaves a bound ipc (or shm://'s slot-message) socket's file behind
             release(self.endpoint, bind=True)
             self._bound = False
         if self._auth is not None:

@@ -54,7 +54,7 @@ class BenchConfig:
     recv_timeout: float = 60.0
     on_producer_exit: str = "stop"  # or "continue" on the remaining producers
     allow_remote: bool = False
-    curve_keys: str | None = None  # CURVE key folder for the Python paths (wire/curve.py)
+    curve_keys: str | None = None  # CURVE key folder for the producers' streams (wire/curve.py)
     max_msg_size: int | None = None
     json_path: str | None = None
     telemetry: bool = True  # per-stage telemetry and a verdict (--no-telemetry to compare its overhead)

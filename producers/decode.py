@@ -294,7 +294,12 @@ class DecodeSource:
         """Counters this source adds to each native header (the sender asks before every send)."""
         return {"bad_files": int(self.bad_counts[worker])} if self.bad_counts is not None else {}
 
-    def __call__(self, worker: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    # The sender may hand us buffers to decode into (shm:// slots): no copy after decoding.
+    fills_buffers = True
+
+    def __call__(
+        self, worker: int, buffers: Callable[[], list[np.ndarray] | None] | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         files, labels, _ = list_images(self.root, self.list_file)
         if len(files) < self.workers:
             raise DatasetError(f"{len(files)} images in {self.root} cannot be shared by {self.workers} workers")
@@ -308,8 +313,15 @@ class DecodeSource:
         shard = list(range(worker, len(files), self.workers))
         bad: set[int] = set()
         size = self.image_size
-        images = np.empty((self.batch, size, size, 3), np.uint8)
-        batch_labels = np.empty(self.batch, np.int32)
+        shape = (self.batch, size, size, 3)
+
+        def fresh() -> tuple[np.ndarray, np.ndarray]:
+            out = buffers() if buffers is not None else None
+            if out is not None and out[0].shape == shape and out[1].shape == (self.batch,):
+                return out[0], out[1]
+            return np.empty(shape, np.uint8), np.empty(self.batch, np.int32)
+
+        images, batch_labels = fresh()
         k = 0
         for epoch in range(sys.maxsize):
             random.Random(f"{self.seed}/{worker}/{epoch}").shuffle(shard)
@@ -332,8 +344,7 @@ class DecodeSource:
                 if k == self.batch:
                     # The sender hands these arrays to ZMQ without copying: never write them again.
                     yield images, batch_labels
-                    images = np.empty_like(images)
-                    batch_labels = np.empty_like(batch_labels)
+                    images, batch_labels = fresh()
                     k = 0
             if bad:
                 shard = [i for i in shard if i not in bad]

@@ -29,6 +29,7 @@ from producers import parent, sender
 from producers.sender import Counters, SendConfig, Source
 from wire.curve import CurveError
 from wire.endpoints import EndpointError
+from wire.shm import regions_of
 
 
 def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: Connection) -> None:
@@ -124,6 +125,8 @@ def launch(
             if p.is_alive():
                 p.kill()
                 p.join()
+            for region in regions_of(p.pid):  # a worker killed before its consumer mapped its region
+                region.unlink(missing_ok=True)
         for r in readers:
             r.close()
         for s, h in old.items():

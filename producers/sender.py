@@ -16,8 +16,8 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from wire import curve, message
-from wire.endpoints import attach, release
+from wire import curve, message, shm
+from wire.endpoints import EndpointError, attach, release
 
 Source = Callable[[int], Iterator[tuple[np.ndarray, ...]]]
 
@@ -124,15 +124,77 @@ def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], b
         monitor.poll(100)
 
 
-def _send(sock: zmq.Socket, arrays, cfg: SendConfig, seq: int, extras: dict | None, should_stop) -> int | None:
-    """Send one batch once there is room; its bytes, or None when stopped or the consumer is gone."""
+def _send(
+    sock: zmq.Socket, arrays, cfg: SendConfig, seq: int, extras: dict | None, should_stop, frames=None
+) -> int | None:
+    """Send one batch (or, for shm://, its slot message `frames`) once there is room.
+
+    Returns the batch's bytes, or None when stopped or the consumer is gone.
+    """
     while True:
         if not _wait_writable(sock, should_stop, cfg.give_up_after, cfg.busy_wait):
             return None
         try:
+            if frames is not None:
+                sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                return sum(a.nbytes for a in arrays)
             return message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
         except zmq.Again:  # the consumer hung up between the poll and the send: wait again
             continue
+
+
+class _SlotSender:
+    """The shm:// half of a send: the batch goes into a free slot of our region, then its slot message is sent.
+
+    A source that can fill buffers it is given (`fills_buffers = True`, e.g.
+    the JPEG decoder) is handed views into the next free slot, so it decodes
+    straight into shared memory and nothing is copied; other batches are
+    copied into a slot.
+    """
+
+    def __init__(self, cfg: SendConfig, should_stop: Callable[[], bool]) -> None:
+        self.cfg = cfg
+        self.should_stop = should_stop
+        self.region: shm.Region | None = None
+        self.like: list[np.ndarray] | None = None  # the first batch, as a template for views
+        self.pending: tuple[int, list[np.ndarray]] | None = None  # a slot handed to the source to fill
+        self.gone = False  # no slot came free in time: the consumer stopped reading
+
+    def buffers(self) -> list[np.ndarray] | None:
+        """Views into a free slot for the source's next batch (None: let the source allocate)."""
+        if self.region is None or self.like is None or self.pending is not None:
+            return None
+        slot = self.region.acquire(self.should_stop, self.cfg.give_up_after)
+        if slot is None:
+            self.gone = not self.should_stop()
+            return None
+        views = self.region.views(slot, self.like)
+        self.pending = (slot, views)
+        return views
+
+    def prepare(self, arrays) -> tuple[int | None, list[int]]:
+        """Put the batch into a slot: (slot, offsets), or (None, []) when stopped or none came free."""
+        if self.region is None:  # sized by the first batch; the hwm bounds the slots in flight
+            _, slot_size = shm.layout(arrays)
+            self.region = shm.Region(max(2, self.cfg.hwm), slot_size)
+            self.like = [np.empty(a.shape, a.dtype) for a in arrays]
+        if self.pending is not None:
+            slot, views = self.pending
+            self.pending = None
+            if len(views) == len(arrays) and all(a is v for a, v in zip(arrays, views, strict=True)):
+                self.region.publish(slot)  # decoded in place: nothing to copy
+                return slot, shm.layout(arrays)[0]
+        else:
+            slot = self.region.acquire(self.should_stop, self.cfg.give_up_after)
+            if slot is None:
+                return None, []
+        offsets = self.region.write(slot, arrays)
+        self.region.publish(slot)  # every byte is written: only now may the consumer see the slot
+        return slot, offsets
+
+    def close(self) -> None:
+        if self.region is not None:
+            self.region.close()
 
 
 def run(
@@ -144,6 +206,8 @@ def run(
     on_ready: Callable[[], None] = lambda: None,
 ) -> int:
     """Send batches until `count` is reached or `should_stop()`; returns an exit code."""
+    if shm.is_shm(cfg.endpoint) and cfg.fmt != "native":
+        raise EndpointError(f"endpoint {cfg.endpoint!r}: shm:// sends slot messages in the native format only")
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, cfg.hwm)
@@ -151,14 +215,18 @@ def run(
     sock.setsockopt(zmq.IMMEDIATE, 1)
     auth = None
     bound = False
+    slots = _SlotSender(cfg, should_stop) if shm.is_shm(cfg.endpoint) else None
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
     try:
         if cfg.curve_keys:
             auth = curve.secure(sock, cfg.curve_keys, server=cfg.bind)
-        attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote)
+        attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote, secured=bool(cfg.curve_keys))
         bound = cfg.bind
         on_ready()
-        batches = source(worker)
+        if slots is not None and getattr(source, "fills_buffers", False):
+            batches = source(worker, buffers=slots.buffers)
+        else:
+            batches = source(worker)
         # A source may report counters of its own (e.g. bad files skipped) in each header.
         source_extras = getattr(source, "header_extras", lambda worker: {})
         telemetry = _Telemetry()
@@ -167,6 +235,8 @@ def run(
         while cfg.count is None or seq < cfg.count:
             t0 = time.perf_counter()
             arrays = next(batches, None)
+            if slots is not None and slots.gone:
+                return CONSUMER_GONE
             if arrays is None:  # a finite source ran out
                 break
             t1 = time.perf_counter()
@@ -176,7 +246,13 @@ def run(
                 time.sleep(max(0.0, t_start + seq * images / cfg.rate - t1))
             t2 = time.perf_counter()
             extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
-            nbytes = _send(sock, arrays, cfg, seq, extras, should_stop)
+            frames = None
+            if slots is not None:
+                slot, offsets = slots.prepare(arrays)
+                if slot is None:  # no slot came back: the consumer stopped reading
+                    return DONE if should_stop() else CONSUMER_GONE
+                frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)
+            nbytes = _send(sock, arrays, cfg, seq, extras, should_stop, frames)
             if nbytes is None:
                 return DONE if should_stop() else CONSUMER_GONE
             t3 = time.perf_counter()
@@ -196,5 +272,7 @@ def run(
         if auth is not None:
             auth.stop()
         ctx.term()
-        if bound:
+        if slots is not None:
+            slots.close()
+        if bound:  # libzmq leaves a bound ipc (or shm://'s slot-message) socket's file behind
             release(cfg.endpoint, bind=True)

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from core import registry
-from core.registry import BASELINE
 from core.config import BenchConfig, apply_defaults
+from core.registry import BASELINE
 from tf_trainer.run import build
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,6 +8,7 @@ Every path-specific piece comes from the path's class (tf_trainer/inputs/).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ from core import registry
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
 from profiler.progress import RunProgress
+from runner import shutdown
 from runner.producer_group import ProducerDied, ProducerGroup, RunDir, start_producers
 from tf_trainer import devices, placement
 from tf_trainer.expected import batch_error
@@ -305,9 +307,15 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
     run_dir = RunDir(longest=path) if own else None
     group: ProducerGroup | None = None
     built: Built | None = None
+    release_endpoint = None
     try:
         built = build(cfg, path, cfg.num_gpus, has_gpu, cfg.endpoint or (run_dir.endpoint(path) if run_dir else None))
         cfg = built.cfg
+        if cfg.endpoint and built.path.needs_producers:
+            # The op binds it, and ZMQ leaves the socket file behind (for shm://, the slot messages'
+            # socket); a signal skips `finally` and the op's own clean-up, so it is a shutdown clean-up too.
+            release_endpoint = functools.partial(release, cfg.endpoint, True)
+            shutdown.register(release_endpoint)
         with built.graph.as_default():
             if run_dir is not None:
                 run_dir.make()
@@ -329,8 +337,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             built.path.close()
         if run_dir is not None:
             run_dir.remove()
-        elif cfg.endpoint and built is not None and built.path.needs_producers:
-            release(cfg.endpoint, bind=True)  # the op bound it, and ZMQ leaves the socket file behind
+        elif release_endpoint is not None:
+            shutdown.unregister(release_endpoint)
+            release_endpoint()
 
 
 def _result(built: Built, timer: StepTimer, callbacks: list[Callback]) -> dict:

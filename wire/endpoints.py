@@ -16,7 +16,9 @@ import sys
 
 import zmq
 
-SCHEMES = ("ipc", "tcp", "inproc")
+from wire import shm
+
+SCHEMES = ("ipc", "tcp", "inproc", "shm")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
@@ -45,11 +47,12 @@ def split(endpoint: str) -> tuple[str, str]:
     return scheme, addr
 
 
-def check(endpoint: str, bind: bool, allow_remote: bool = False) -> str:
+def check(endpoint: str, bind: bool, allow_remote: bool = False, secured: bool = False) -> str:
     """Validate an endpoint for binding or connecting; returns it unchanged.
 
     Binding a TCP endpoint on anything but loopback needs `allow_remote`,
-    and then prints a warning, because nothing on the stream is authenticated.
+    and then prints a warning, because nothing on the stream is authenticated,
+    unless the socket is `secured` with CURVE keys (wire/curve.py).
     """
     scheme, addr = split(endpoint)
     if scheme == "ipc":
@@ -61,7 +64,7 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False) -> str:
         if port != "*":
             if not port.isdigit() or not 0 < int(port) < 65536:
                 raise EndpointError(f"endpoint {endpoint!r}: port {port!r} is not a number in 1..65535")
-        if bind and not _is_loopback(host):
+        if bind and not secured and not _is_loopback(host):
             if not allow_remote:
                 raise EndpointError(
                     f"endpoint {endpoint!r}: binding to a non-loopback address exposes an "
@@ -71,6 +74,11 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False) -> str:
                 f"warning: {endpoint} listens beyond this machine; the stream is not authenticated",
                 file=sys.stderr,
             )
+    elif scheme == "shm":
+        try:
+            shm.check_name(endpoint)
+        except shm.ShmError as e:
+            raise EndpointError(str(e)) from None
     elif scheme == "ipc" and bind:
         path = addr
         parent = os.path.dirname(os.path.abspath(path)) or "."
@@ -81,14 +89,20 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False) -> str:
     return endpoint
 
 
-def attach(sock: zmq.Socket, endpoint: str, bind: bool, allow_remote: bool = False) -> None:
+def attach(sock: zmq.Socket, endpoint: str, bind: bool, allow_remote: bool = False, secured: bool = False) -> None:
     """Bind or connect `sock`, turning ZMQ's errors into ones that name the endpoint."""
-    check(endpoint, bind, allow_remote)
+    check(endpoint, bind, allow_remote, secured)
+    address = endpoint
+    if shm.is_shm(endpoint):  # slot messages travel over an ipc socket in a private folder
+        try:
+            address = shm.zmq_endpoint(endpoint)
+        except shm.ShmError as e:
+            raise EndpointError(str(e)) from None
     try:
         if bind:
-            sock.bind(endpoint)
+            sock.bind(address)
         else:
-            sock.connect(endpoint)
+            sock.connect(address)
     except zmq.ZMQError as e:
         verb = "bind" if bind else "connect"
         why = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
@@ -133,8 +147,11 @@ def _ipc_served(path: str) -> bool:
 
 
 def release(endpoint: str, bind: bool) -> None:
-    """Remove the socket file of an ipc endpoint this process bound (ZMQ leaves it behind)."""
+    """Remove the socket file of an ipc or shm endpoint this process bound (ZMQ leaves it behind)."""
     scheme, path = split(endpoint)
+    if bind and scheme == "shm":
+        shm.remove_socket(endpoint)
+        return
     if not bind or scheme != "ipc" or path.startswith("@"):
         return
     try:

@@ -14,7 +14,6 @@ import time
 from tensorpack.callbacks import Callback
 from tensorpack.input_source import InputSource, TensorInput, ZMQInput
 
-from core.errors import ConfigError
 from core.registry import register
 from tf_trainer.expected import ensure_batch
 from tf_trainer.inputs.base import TFInputPath
@@ -24,12 +23,21 @@ tf = tf()
 
 
 class PullInput(ZMQInput):
-    """tensorpack's ZMQInput with a receive timeout and a message-size cap, pulling on the CPU."""
+    """tensorpack's ZMQInput with a receive timeout, a message-size cap and CURVE keys, pulling on the CPU."""
 
-    def __init__(self, endpoint: str, hwm: int, timeout_ms: int, max_msg_size: int, specs: list) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        hwm: int,
+        timeout_ms: int,
+        max_msg_size: int,
+        specs: list,
+        curve_keys: str | None = None,
+    ) -> None:
         super().__init__(endpoint, hwm, bind=True)
         self.timeout_ms = timeout_ms
         self.max_msg_size = max_msg_size
+        self.curve_keys = curve_keys
         self.socket = None
         pull = self.get_tensor_fn
 
@@ -44,7 +52,7 @@ class PullInput(ZMQInput):
     def _setup(self, input_signature) -> None:
         import zmq_ops  # the op library is built by `make op`; import it only when this path runs
 
-        # TensorInput's setup; ZMQInput's own would make a socket without the timeout and the cap.
+        # TensorInput's setup; ZMQInput's own would make a socket without the timeout, the cap and the keys.
         TensorInput._setup(self, input_signature)
         self.socket = self._zmq_pull_socket = zmq_ops.ZMQPullSocket(
             self._end_point,
@@ -53,6 +61,7 @@ class PullInput(ZMQInput):
             bind=True,
             timeout_ms=self.timeout_ms,
             max_msg_size=self.max_msg_size,
+            curve_keys=self.curve_keys,
         )
 
 
@@ -91,13 +100,6 @@ class ZmqConsume(TFInputPath):
     advice = "the pull op limits: check the wire format (native is one copy fewer) and --hwm"
     input_op_types = frozenset({"ZMQPull"})
 
-    @classmethod
-    def validate(cls, cfg) -> None:
-        if cfg.curve_keys:
-            raise ConfigError(
-                "--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset"
-            )
-
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:
         c = self.cfg
         self.source = PullInput(
@@ -106,6 +108,7 @@ class ZmqConsume(TFInputPath):
             -1 if c.recv_timeout is None else int(c.recv_timeout * 1000),
             -1 if c.max_msg_size is None else int(c.max_msg_size),
             specs,
+            c.curve_keys,
         )
         self.stats = ConnectionStats(self.source)
         return self.source

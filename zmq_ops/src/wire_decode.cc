@@ -221,19 +221,18 @@ bool DecodeZmqOps(const Frame& frame, std::vector<TensorView>* out, WireError* e
   return true;
 }
 
-bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeHeader* header,
-                  std::vector<TensorView>* out, WireError* err) {
+bool DecodeNativeHeader(const Frame& frame, const char* magic, NativeHeader* header, std::vector<TensorView>* out,
+                        WireError* err) {
   out->clear();
-  if (frames.empty() || total_frames == 0) return Fail(err, "frames", "empty message");
-  const char* buf = frames[0].data;
-  const size_t size = frames[0].size;
+  const char* buf = frame.data;
+  const size_t size = frame.size;
   if (size < kNativeFixedSize) {
     return Fail(err, "header",
                 std::to_string(size) + " bytes, shorter than the " + std::to_string(kNativeFixedSize) +
                     "-byte fixed part");
   }
-  if (std::memcmp(buf, kNativeMagic, 4) != 0) {
-    return Fail(err, "magic", Printable(buf, 4) + " is not b'FBWN'");
+  if (std::memcmp(buf, magic, 4) != 0) {
+    return Fail(err, "magic", Printable(buf, 4) + " is not b'" + std::string(magic, 4) + "'");
   }
   const uint16_t version = Read<uint16_t>(buf + 4);
   if (version != kNativeVersion) {
@@ -276,13 +275,27 @@ bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeH
                     " bytes left in the header");
   }
   // The msgpack extras are producer telemetry; the op does not need them.
+  return true;
+}
+
+bool TensorBytes(const TensorView& t, uint64_t* nbytes) {
+  const bool fits = ByteCount(t.shape, ItemSize(t.dtype), nbytes);
+  return fits && (*nbytes != 0 || EmptyShapeFits(t.shape, ItemSize(t.dtype)));
+}
+
+bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeHeader* header,
+                  std::vector<TensorView>* out, WireError* err) {
+  out->clear();
+  if (frames.empty() || total_frames == 0) return Fail(err, "frames", "empty message");
+  if (!DecodeNativeHeader(frames[0], kNativeMagic, header, out, err)) return false;
+  const size_t n = out->size();
 
   if (total_frames != static_cast<size_t>(n) + 1) {
     return Fail(err, "frames",
                 "header declares " + std::to_string(n) + " tensors but " + std::to_string(total_frames - 1) +
                     " data frames arrived");
   }
-  for (int i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     TensorView& t = (*out)[i];
     const Frame& f = frames[i + 1];
     uint64_t expected = 0;

@@ -24,6 +24,7 @@ namespace wire {
 constexpr int kMaxTensors = 1024;  // both formats
 constexpr int kMaxNdim = 8;        // both formats
 constexpr char kNativeMagic[4] = {'F', 'B', 'W', 'N'};
+constexpr char kSlotMagic[4] = {'F', 'B', 'W', 'S'};  // a shared-memory slot message (shm.h)
 constexpr uint16_t kNativeVersion = 1;
 constexpr size_t kNativeFixedSize = 32;  // magic .. extras_len
 
@@ -73,6 +74,14 @@ bool DecodeZmqOps(const Frame& frame, std::vector<TensorView>* out, WireError* e
 // the receiver dropped frames beyond what any valid message could have.
 bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeHeader* header,
                   std::vector<TensorView>* out, WireError* err);
+
+// Frame 0 of the native format (or of a slot message, with kSlotMagic):
+// header fields and the tensor descriptors (dtype, shape; no data yet).
+bool DecodeNativeHeader(const Frame& frame, const char* magic, NativeHeader* header, std::vector<TensorView>* out,
+                        WireError* err);
+
+// Bytes a tensor of t.dtype and t.shape holds; false if no array can be that large.
+bool TensorBytes(const TensorView& t, uint64_t* nbytes);
 
 // Either format, chosen by IsNative(). `header` is filled for native only.
 bool DecodeMessage(const std::vector<Frame>& frames, size_t total_frames, bool* is_native,

@@ -1,0 +1,449 @@
+"""shm:// endpoints: batches in producers' shared-memory slots, slot messages over ZMQ.
+
+Real producer processes feed the native receiver, the TensorFlow op and the
+Python pull consumer; faults (a producer or consumer killed, signals) must
+leave nothing in /dev/shm, and malformed slot messages are rejected by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import zmq
+from conftest import descendants
+
+from consumers.zmq_pull import PullConsumer
+from producers.synthetic import SyntheticSource
+from wire import shm
+from wire.errors import WireError
+from zmq_ops.receiver import BatchError, Receiver, ReceiveTimeout
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH, SIZE = 2, 4
+SPECS = [("uint8", (BATCH, SIZE, SIZE, 3)), ("int32", (BATCH,))]
+SMALL = ("--batch", str(BATCH), "--image-size", str(SIZE))
+TIMEOUT_MS = 30_000  # only ever reached when something is broken
+
+
+def regions() -> set[str]:
+    return {p.name for p in shm.SHM_DIR.glob("fb-*")}
+
+
+def sockets() -> set[str]:
+    return {p.name for p in shm.private_dir().glob("*.sock")}
+
+
+@pytest.fixture
+def ep() -> Iterator[str]:
+    """A fresh shm:// endpoint; the test fails if it leaves a region or a socket file behind."""
+    before_regions, before_sockets = regions(), sockets()
+    yield f"shm://t-{uuid.uuid4().hex[:12]}"
+    deadline = time.monotonic() + 15  # producers stopped at teardown may take a moment to exit
+    while time.monotonic() < deadline and (regions() - before_regions or sockets() - before_sockets):
+        time.sleep(0.1)
+    assert regions() - before_regions == set(), "shared-memory regions left behind"
+    assert sockets() - before_sockets == set(), "socket files left behind"
+
+
+def ring(n: int = 3) -> list[list[np.ndarray]]:
+    return [[np.zeros(s, d) for d, s in SPECS] for _ in range(n)]
+
+
+def pool_of(worker: int, batch: int = BATCH, size: int = SIZE) -> list[tuple[np.ndarray, np.ndarray]]:
+    gen = SyntheticSource(batch=batch, image_size=size)(worker)
+    return [next(gen) for _ in range(SyntheticSource.pool)]
+
+
+# ---------------------------------------------------------------- delivery
+
+
+@pytest.mark.timeout(300)
+def test_four_producers_times_a_thousand_batches_arrive_exactly_once(procs, ep) -> None:
+    pools = [pool_of(i) for i in range(4)]
+    slots = ring(4)
+    with Receiver(ep, SPECS, slots, hwm=8, timeout_ms=TIMEOUT_MS) as r:
+        ps = [procs.producer(ep, *SMALL, "--count", "1000", "--producer-id", str(i)) for i in range(4)]
+        for _ in range(4000):
+            i = r.next()
+            images, labels = slots[i]
+            assert any(np.array_equal(images, a) and np.array_equal(labels, b) for p in pools for a, b in p)
+            r.release(i)
+        with pytest.raises(ReceiveTimeout):
+            r.next(timeout_ms=500)  # and not one more
+        rows, messages, nbytes = r.stats()
+    assert rows == [(i, 1000, 0, 0, 0) for i in range(4)]
+    assert messages == 4000 and nbytes == 4000 * sum(np.zeros(s, d).nbytes for d, s in SPECS)
+    for p in ps:
+        assert p.wait(60) == 0
+
+
+@pytest.mark.timeout(120)
+def test_python_consumer_reads_slots_with_one_copy_each(procs, ep) -> None:
+    pool = pool_of(0)
+    with PullConsumer(ep, recv_timeout=30) as c:
+        p = procs.producer(ep, *SMALL, "--count", "50")
+        batches = [c.recv() for _ in range(50)]
+    for k, b in enumerate(batches):
+        assert b.header.seq == k
+        np.testing.assert_array_equal(b.arrays[0], pool[k % len(pool)][0])
+        assert b.arrays[0].flags.owndata  # copied out: the slot is already back with the producer
+    assert c.tracker.table()[0]["received"] == 50
+    assert p.wait(60) == 0
+
+
+@pytest.mark.timeout(180)
+def test_the_op_reads_slots(procs, ep) -> None:
+    tf_op = pytest.importorskip("zmq_ops.tf_op", reason="zmq_ops op not built (run `make op`)")
+    tf = tf_op.tf
+    pool = pool_of(0)
+    graph = tf.Graph()
+    with graph.as_default():
+        sock = tf_op.ZMQPullSocket(ep, [tf.uint8, tf.int32], timeout_ms=TIMEOUT_MS)
+        pulled, stats = sock.pull(), sock.stats()
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(sock.handle)
+        p = procs.producer(ep, *SMALL, "--count", "20")
+        for k in range(20):
+            images, labels = sess.run(pulled)
+            np.testing.assert_array_equal(images, pool[k % len(pool)][0])
+            np.testing.assert_array_equal(labels, pool[k % len(pool)][1])
+        rows, _ = sess.run(stats)
+        assert rows.tolist() == [[0, 20, 0, 0, 0]]
+    del sess, sock, pulled, stats, graph  # closes the connection (and its socket file)
+    assert p.wait(60) == 0
+
+
+def test_regions_are_private_and_unguessable() -> None:
+    r = shm.Region(2, 4096)
+    try:
+        path = shm.SHM_DIR / r.name[1:]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert re.fullmatch(rf"/fb-{os.getpid()}-[0-9a-f]{{32}}", r.name)
+        other = shm.Region(1, 4096)
+        other.close()
+        assert other.name != r.name
+    finally:
+        r.close()
+    assert not path.exists()
+    assert stat.S_IMODE(shm.private_dir().stat().st_mode) == 0o700
+
+
+def test_bad_shm_names_are_one_line(procs) -> None:
+    p = procs.producer("shm://a/b", *SMALL)
+    assert p.wait(30) != 0
+    assert "NAME must be 1-64 characters" in p.stderr.read()
+    with pytest.raises(ValueError, match="NAME must be"):
+        Receiver("shm://" + "x" * 65, SPECS, ring(1))
+    p = procs.producer("shm://ok-name", *SMALL, "--format", "zmq_ops")
+    assert p.wait(30) != 0
+    assert "native format only" in p.stderr.read()
+
+
+# ---------------------------------------------------------------- faults
+
+
+@pytest.mark.timeout(120)
+def test_a_producer_killed_mid_stream_publishes_no_partial_batch_and_leaves_no_region(procs, ep) -> None:
+    big = ("--batch", "16", "--image-size", "64")  # writes long enough for kills to land mid-copy
+    pool = pool_of(0, 16, 64)
+    specs = [("uint8", (16, 64, 64, 3)), ("int32", (16,))]
+    slots = [[np.zeros(s, d) for d, s in specs] for _ in range(2)]
+    with Receiver(ep, specs, slots, timeout_ms=TIMEOUT_MS) as r:
+        for _ in range(3):
+            p = procs.producer(ep, *big)
+            i = r.next()
+            r.release(i)
+            (worker,) = [w for w in descendants(p.pid) if "--multiprocessing-fork" in w.cmdline()]
+            worker.send_signal(signal.SIGKILL)
+            assert p.wait(30) != 0
+            while True:  # everything published before the kill is whole
+                try:
+                    i = r.next(timeout_ms=300)
+                except ReceiveTimeout:
+                    break
+                except BatchError as e:  # a slot message whose region went with its producer
+                    assert "slot.region" in str(e)
+                    continue
+                assert any(np.array_equal(slots[i][0], a) for a, _ in pool)
+                r.release(i)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_consumer_stops_its_producers_and_leaves_no_region(procs, ep) -> None:
+    code = textwrap.dedent(f"""
+        import numpy as np, sys
+        from zmq_ops.receiver import Receiver
+        ring = [[np.zeros(s, d) for d, s in {SPECS!r}] for _ in range(2)]
+        r = Receiver({ep!r}, {SPECS!r}, ring, timeout_ms={TIMEOUT_MS})
+        r.release(r.next())
+        print("ready", flush=True)
+        sys.stdin.read()
+    """)
+    consumer = procs.start("-c", code, stdin=subprocess.PIPE)
+    p = procs.producer(ep, *SMALL, "--workers", "2", "--give-up-after", "2")
+    assert consumer.stdout.readline().strip() == "ready"
+    workers = descendants(p.pid)
+    os.kill(consumer.pid, signal.SIGKILL)
+    consumer.wait(10)
+    assert p.wait(60) == 3
+    assert "no consumer took a batch" in p.stderr.read()
+    assert not psutil.wait_procs(workers, timeout=10)[1]
+    shm.remove_socket(ep)  # a consumer killed by SIGKILL cannot remove its own socket file
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_remove_the_regions_whether_or_not_a_consumer_mapped_them(procs, ep, sig) -> None:
+    # No consumer: the producer has created its region and waits to send.
+    p = procs.producer(ep, *SMALL, "--workers", "2")
+    deadline = time.monotonic() + 30
+    pids = {w.pid for w in descendants(p.pid)}
+    while not any(shm.regions_of(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = {w.pid for w in descendants(p.pid)}
+    assert any(shm.regions_of(pid) for pid in pids), "the producer made no region"
+    os.killpg(p.pid, sig) if sig == signal.SIGINT else p.send_signal(sig)
+    assert p.wait(30) == 0
+    assert not any(shm.regions_of(pid) for pid in pids)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_before_any_consumer_mapped_its_region_is_cleaned_up_by_the_launcher(procs, ep) -> None:
+    p = procs.producer(ep, *SMALL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        workers = [w for w in descendants(p.pid) if shm.regions_of(w.pid)]
+        if workers:
+            break
+        time.sleep(0.05)
+    (worker,) = workers
+    worker.send_signal(signal.SIGKILL)
+    assert p.wait(30) != 0
+    assert not shm.regions_of(worker.pid)
+
+
+# ---------------------------------------------------------------- malformed slot messages
+
+
+class Sender:
+    """An in-test producer: a real region and a PUSH socket, sending crafted slot messages."""
+
+    def __init__(self, ep: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PUSH)
+        self.sock.connect(shm.zmq_endpoint(ep))
+        self.arrays = [np.arange(np.prod(s), dtype=d).reshape(s).astype(d) for d, s in SPECS]
+        self.region = shm.Region(4, shm.layout(self.arrays)[1])
+        self.seq = 0
+
+    def frames(self, slot: int = 0) -> list[bytes]:
+        offsets = self.region.write(slot, self.arrays)
+        self.region.publish(slot)
+        self.seq += 1
+        return shm.encode(self.arrays, 0, self.seq - 1, self.region.name, slot, offsets)
+
+    def send(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+        self.region.close()
+
+
+def desc(region: str, slot: int, offsets: list[int], magic: bytes = b"FBSL") -> bytes:
+    name = region.encode()
+    return struct.pack("<4sIH", magic, slot, len(name)) + name + struct.pack(f"<{len(offsets)}Q", *offsets)
+
+
+CASES = [
+    ("slot.index", lambda s, h: [h, desc(s.region.name, 4, [0, 4096 - 64])]),
+    ("slot.index", lambda s, h: [h, desc(s.region.name, 2**32 - 1, [0, 0])]),
+    ("tensor[0].offset", lambda s, h: [h, desc(s.region.name, 0, [2**64 - 8, 0])]),
+    ("tensor[1].offset", lambda s, h: [h, desc(s.region.name, 0, [0, 4090])]),
+    ("slot.region", lambda s, h: [h, desc("/fb-1-" + "0" * 32, 0, [0, 128])]),
+    ("slot.region", lambda s, h: [h, desc("/../etc/passwd", 0, [0, 128])]),
+    ("slot.magic", lambda s, h: [h, desc(s.region.name, 0, [0, 128], b"XXXX")]),
+    ("slot.length", lambda s, h: [h, desc(s.region.name, 0, [0])]),
+    ("slot.state", lambda s, h: [h, desc(s.region.name, 3, [0, 128])]),  # never published
+    ("frames", lambda s, h: [h]),
+    ("header", lambda s, h: [h[:8], desc(s.region.name, 0, [0, 128])]),
+    ("version", lambda s, h: [h[:4] + b"\x07\x00" + h[6:], desc(s.region.name, 0, [0, 128])]),
+]
+
+
+@pytest.mark.timeout(120)
+def test_malformed_slot_messages_are_rejected_by_field_in_the_receiver(ep) -> None:
+    slots = ring(2)
+    with Receiver(ep, SPECS, slots, timeout_ms=TIMEOUT_MS) as r:
+        s = Sender(ep)
+        try:
+            s.send(s.frames(0))  # a good one first: the region is now mapped
+            r.release(r.next())
+            for field, make in CASES:
+                header = s.frames(0)[0]
+                s.region._state[0] = shm.FREE  # crafted messages below never claim slot 0
+                s.send(make(s, header))
+                with pytest.raises(BatchError, match=re.escape(field) + ":"):
+                    r.next()
+            s.send(s.frames(1))
+            i = r.next()
+            np.testing.assert_array_equal(slots[i][0], s.arrays[0])
+            r.release(i)
+        finally:
+            s.close()
+
+
+@pytest.mark.timeout(120)
+def test_malformed_slot_messages_are_rejected_by_field_in_python(ep) -> None:
+    with PullConsumer(ep, recv_timeout=30) as c:
+        s = Sender(ep)
+        try:
+            s.send(s.frames(0))
+            c.recv()
+            for field, make in CASES:
+                header = s.frames(0)[0]
+                s.region._state[0] = shm.FREE
+                s.send(make(s, header))
+                with pytest.raises(WireError, match=re.escape(field) + ":"):
+                    c.recv()
+        finally:
+            s.close()
+
+
+@pytest.mark.timeout(300)
+def test_fuzzed_slot_messages_never_crash_or_read_outside_the_region(ep) -> None:
+    """Random mutations of good slot messages: each is a whole batch or a named rejection."""
+    rng = random.Random(16)
+    slots = ring(2)
+    accepted = rejected = 0
+    with Receiver(ep, SPECS, slots, timeout_ms=TIMEOUT_MS) as r:
+        s = Sender(ep)
+        try:
+            for _ in range(1500):
+                frames = [bytearray(f) for f in s.frames(rng.randrange(4))]
+                for _ in range(rng.randint(1, 4)):
+                    f = frames[rng.randrange(len(frames))]
+                    op = rng.random()
+                    if op < 0.5 and f:
+                        f[rng.randrange(len(f))] = rng.randrange(256)
+                    elif op < 0.7 and f:
+                        del f[rng.randrange(len(f)) :]
+                    elif op < 0.85:
+                        at = rng.randrange(len(f) + 1)
+                        f[at:at] = rng.randbytes(rng.randint(1, 16))
+                    elif len(f) >= 8:
+                        at = rng.randrange(len(f) - 7)
+                        f[at : at + 8] = struct.pack("<Q", rng.choice([0, 2**63, 2**64 - 1, 4096, rng.getrandbits(64)]))
+                s.send([bytes(f) for f in frames])
+                try:
+                    i = r.next()
+                    accepted += 1
+                    r.release(i)
+                except BatchError as e:
+                    rejected += 1
+                    assert re.search(r"(\w+(\[\d+\])?(\.\w+)*(\[\d+\])?): ", str(e)), str(e)
+                for k in range(4):  # whatever happened, give every slot back to the in-test producer
+                    s.region._state[k] = shm.FREE
+        finally:
+            s.close()
+    assert accepted + rejected == 1500 and rejected > 1000
+
+
+def test_importing_wire_shm_needs_no_framework() -> None:
+    code = "import sys, wire.shm; assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", ["zmq-consume", "python-queue"])
+def test_bench_input_reads_an_external_shm_producer(procs, ep, tmp_path, path) -> None:
+    producer = procs.producer(ep, "--batch", "2", "--image-size", "32", "--producer-id", "7")
+    out_json = tmp_path / "r.json"
+    p = procs.start(
+        "bench_input.py", "--fake-location", path, "--input-only", "--endpoint", ep, "--batch", "2",
+        "--image-size", "32", "--warmup-steps", "1", "--steps", "3", "--repeats", "2", "--json", str(out_json),
+    )  # fmt: skip
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    doc = json.loads(out_json.read_text())
+    row = doc["paths"][path]
+    assert row["images_per_sec"]["median"] > 0
+    assert [r["producer"] for r in row["producers"]] == [7]
+    assert row["producers"][0]["lost"] == 0 and row["producers"][0]["received"] > 0
+    producer.terminate()
+    assert producer.wait(30) == 0
+
+
+@pytest.mark.timeout(300)
+def test_an_interrupted_run_on_an_external_shm_endpoint_removes_its_socket_file(procs, ep) -> None:
+    """A signal skips the op's own clean-up; the run's shutdown clean-up removes the file instead."""
+    producer = procs.producer(ep, "--batch", "2", "--image-size", "32")
+    p = procs.start(
+        "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--endpoint", ep, "--batch", "2",
+        "--image-size", "32", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
+    )  # fmt: skip
+    name = f"{shm.check_name(ep)}.sock"
+    deadline = time.monotonic() + 240
+    while name not in sockets() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert name in sockets(), p.stderr.read() if p.poll() is not None else "the run never bound its endpoint"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 128 + signal.SIGTERM
+    assert name not in sockets()
+    producer.terminate()
+    assert producer.wait(30) == 0
+
+
+def test_a_slot_that_already_holds_the_same_read_only_arrays_is_not_rewritten() -> None:
+    pool = [np.arange(96, dtype=np.uint8).reshape(2, 4, 4, 3).copy(), np.arange(2, dtype=np.int32)]
+    for a in pool:
+        a.flags.writeable = False
+    r = shm.Region(2, shm.layout(pool)[1])
+    try:
+        r.write(0, pool)
+        r._data[0] = 255  # stands in for "bytes the second write would have to restore"
+        r.write(0, pool)
+        assert r._data[0] == 255  # same read-only arrays: nothing copied
+        writable = [a.copy() for a in pool]
+        r.write(0, writable)
+        assert r._data[0] == 0  # other arrays: copied
+        r._data[0] = 255
+        r.write(0, writable)
+        assert r._data[0] == 0  # writable arrays are always copied
+    finally:
+        r.close()
+
+
+@pytest.mark.timeout(180)
+def test_decode_producers_decode_straight_into_the_slots_and_match_ipc(procs, ep, ipc_dir, tmp_path) -> None:
+    data = tmp_path / "ds"
+    made = procs.start("-m", "producers", "make-dataset", str(data), "--classes", "2", "--per-class", "4")
+    assert made.wait(120) == 0
+    args = ("--data", str(data), "--batch", "4", "--image-size", "32", "--count", "6", "--quiet", "--hwm", "2")
+    got = {}
+    for endpoint in (f"ipc://{ipc_dir}/d", ep):
+        with PullConsumer(endpoint, recv_timeout=60) as c:
+            p = procs.start("-m", "producers", "decode", "--endpoint", endpoint, *args)
+            got[endpoint] = [c.recv().arrays for _ in range(6)]
+        assert p.wait(60) == 0, p.stderr.read()
+    for (a_images, a_labels), (b_images, b_labels) in zip(*got.values(), strict=True):
+        np.testing.assert_array_equal(a_images, b_images)
+        np.testing.assert_array_equal(a_labels, b_labels)
+    assert got[ep][0][0].std() > 5  # decoded pictures, not an untouched slot

@@ -1,0 +1,372 @@
+"""Shared-memory slots for `shm://NAME` endpoints: the batch in shared memory, a slot message over ZMQ.
+
+On one machine a batch then costs one write by the producer (into a slot) and
+one copy by the consumer (out of the slot into its tensor), instead of a
+socket write, a socket read and a copy. The layout is in docs/wire.md
+("Shared memory"); the C++ consumer is zmq_ops/src/shm.cc.
+
+- Each producer worker owns one region, ``/dev/shm/fb-<pid>-<32 random hex>``,
+  created with O_EXCL and mode 0600: a header, one state word per slot (0
+  free, 1 published, 2 taken by the consumer) and N slots.
+- The producer waits for a free slot, writes the whole batch into it, marks it
+  published and only then sends the slot message (a native header with magic
+  ``FBWS`` and a descriptor frame naming region, slot and offsets) over an
+  ipc socket in the private folder ``/tmp/feedbench-<uid>`` (0700). A producer
+  that dies mid-write has sent nothing, so no half-written slot is ever seen.
+- The consumer maps a region on first sight and unlinks its name at once, so
+  nothing is left in /dev/shm whoever dies later; producers also unlink their
+  own region on every exit, and the launcher removes those of workers that
+  were killed. The consumer checks every field against the region before it
+  reads, claims the slot (1 -> 2), copies out, and frees it (-> 0).
+- Back-pressure is the bounded number of slots: a producer waits for a free
+  one and gives up, like a blocked send, after ``--give-up-after`` seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import re
+import secrets
+import struct
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from wire import native
+from wire.errors import WireError, byte_view
+
+SCHEME = "shm://"
+SLOT_MAGIC = b"FBWS"
+DESC_MAGIC = b"FBSL"
+REGION_MAGIC = b"FBSR"
+REGION_VERSION = 1
+MAX_SLOTS = 1024
+HEADER = 64
+STATE_STRIDE = 64
+PAGE = 4096
+ALIGN = 64
+SHM_DIR = Path("/dev/shm")
+FREE, PUBLISHED, TAKEN = 0, 1, 2
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_REGION = re.compile(r"/fb-[0-9]+-[0-9a-f]{32}")
+_REGION_HEAD = struct.Struct("<4sIIIQQ")
+_DESC_HEAD = struct.Struct("<4sIH")
+
+
+class ShmError(ValueError):
+    """A shared-memory endpoint or region that cannot be used; the message names it."""
+
+
+def is_shm(endpoint: str) -> bool:
+    return isinstance(endpoint, str) and endpoint.startswith(SCHEME)
+
+
+def private_dir() -> Path:
+    """/tmp/feedbench-<uid>, created 0700; refused if another user owns it or others can enter."""
+    d = Path(f"/tmp/feedbench-{os.getuid()}")
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = d.lstat()
+    if not d.is_dir() or d.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ShmError(f"{d} must be a folder of yours that only you can enter (mode 0700)")
+    return d
+
+
+def check_name(endpoint: str) -> str:
+    name = endpoint[len(SCHEME) :]
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        raise ShmError(f"endpoint {endpoint!r}: NAME must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    return name
+
+
+def zmq_endpoint(endpoint: str) -> str:
+    """The ipc:// endpoint that carries shm://NAME's slot messages (the same path the C++ side derives)."""
+    return f"ipc://{private_dir()}/{check_name(endpoint)}.sock"
+
+
+def remove_socket(endpoint: str) -> None:
+    """Remove the socket file of a bound shm:// endpoint (libzmq leaves it behind)."""
+    try:
+        (Path(f"/tmp/feedbench-{os.getuid()}") / f"{check_name(endpoint)}.sock").unlink(missing_ok=True)
+    except ShmError:
+        pass
+
+
+def _round(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
+    """Offsets of each array in a slot (64-byte aligned) and the slot size (whole pages)."""
+    offsets, at = [], 0
+    for a in arrays:
+        offsets.append(at)
+        at = _round(at + a.nbytes, ALIGN)
+    return offsets, _round(max(at, 1), PAGE)
+
+
+def regions_of(pid: int) -> list[Path]:
+    """Regions a (dead) producer process left in /dev/shm, for its parent to remove."""
+    return sorted(SHM_DIR.glob(f"fb-{pid}-*"))
+
+
+class Region:
+    """A producer's region: N slots in shared memory, private to this user, removed on close()."""
+
+    def __init__(self, slots: int, slot_size: int) -> None:
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ShmError(f"a region holds 1..{MAX_SLOTS} slots, not {slots}")
+        self.slots, self.slot_size = slots, _round(slot_size, PAGE)
+        self.data_offset = _round(HEADER + STATE_STRIDE * slots, PAGE)
+        size = self.data_offset + slots * self.slot_size
+        self.name = f"/fb-{os.getpid()}-{secrets.token_hex(16)}"
+        self._path = SHM_DIR / self.name[1:]
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        except BaseException:
+            os.unlink(self._path)
+            raise
+        finally:
+            os.close(fd)
+        head = _REGION_HEAD.pack(REGION_MAGIC, REGION_VERSION, slots, 0, self.slot_size, self.data_offset)
+        self._map[: len(head)] = head
+        buf = np.frombuffer(self._map, dtype=np.uint8)
+        self._state = buf[HEADER : HEADER + STATE_STRIDE * slots].view(np.uint32)[:: STATE_STRIDE // 4]
+        self._data = buf[self.data_offset :]
+        self._next = 0
+        self._holds: list[tuple[np.ndarray, ...] | None] = [None] * slots  # read-only arrays a slot already holds
+
+    def acquire(self, should_stop: Callable[[], bool], give_up_after: float) -> int | None:
+        """A free slot (round robin), or None when stopped or no slot came free for `give_up_after` s."""
+        deadline = time.monotonic() + give_up_after
+        pause = 0.0
+        while True:
+            for k in range(self.slots):
+                i = (self._next + k) % self.slots
+                if self._state[i] == FREE:
+                    self._next = (i + 1) % self.slots
+                    return i
+            if should_stop() or time.monotonic() > deadline:
+                return None
+            pause = min(0.002, pause + 0.0001)  # back off to a 2 ms poll while the consumer is busy
+            time.sleep(pause)
+
+    def write(self, slot: int, arrays: Sequence[np.ndarray]) -> list[int]:
+        """Copy the batch into `slot`; returns the offsets for the slot message.
+
+        Read-only arrays (a synthetic source's pool) that the slot already
+        holds from an earlier round are not copied again: nobody can have
+        changed them, and the consumer only reads slots.
+        """
+        offsets, size = layout(arrays)
+        if size > self.slot_size:
+            raise ShmError(f"a {size}-byte batch does not fit the region's {self.slot_size}-byte slots")
+        held = self._holds[slot]
+        if held is not None and len(held) == len(arrays) and all(a is b for a, b in zip(held, arrays, strict=True)):
+            return offsets
+        self._holds[slot] = None
+        base = slot * self.slot_size
+        for a, off in zip(arrays, offsets, strict=True):
+            dst = self._data[base + off : base + off + a.nbytes]
+            np.copyto(dst, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        if all(not a.flags.writeable and a.base is None for a in arrays):
+            self._holds[slot] = tuple(arrays)  # kept alive, so their identity cannot be reused
+        return offsets
+
+    def views(self, slot: int, like: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Writable arrays shaped like `like`, laid out in `slot` as write() would: fill them in place.
+
+        A source that decodes straight into these needs no copy into the slot.
+        """
+        offsets, size = layout(like)
+        if size > self.slot_size:
+            raise ShmError(f"a {size}-byte batch does not fit the region's {self.slot_size}-byte slots")
+        self._holds[slot] = None
+        base = slot * self.slot_size
+        return [
+            self._data[base + off : base + off + a.nbytes].view(a.dtype).reshape(a.shape)
+            for a, off in zip(like, offsets, strict=True)
+        ]
+
+    def publish(self, slot: int) -> None:
+        """Mark a written slot as the consumer's (after every byte of it is written)."""
+        self._state[slot] = PUBLISHED
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self._path)
+        except FileNotFoundError:
+            pass  # the consumer removed the name once it had mapped the region
+
+    def close(self) -> None:
+        """Remove the name and unmap (the consumer's mapping, if any, stays valid)."""
+        self.unlink()
+        self._state = self._data = None
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes with the process
+            pass
+
+
+def encode(
+    arrays: Sequence[np.ndarray],
+    producer_id: int,
+    seq: int,
+    region: str,
+    slot: int,
+    offsets: Sequence[int],
+    extras: dict | None = None,
+) -> list[bytes]:
+    """The two frames of a slot message: a native header with magic FBWS, and the slot descriptor."""
+    header = SLOT_MAGIC + native.encode_header(arrays, producer_id, seq, extras=extras)[4:]
+    name = region.encode()
+    desc = _DESC_HEAD.pack(DESC_MAGIC, slot, len(name)) + name + struct.pack(f"<{len(offsets)}Q", *offsets)
+    return [header, desc]
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    """Where a slot message says its batch is."""
+
+    region: str
+    slot: int
+    offsets: tuple[int, ...]
+
+
+def is_slot_message(frames: Sequence[bytes | memoryview]) -> bool:
+    return bool(frames) and bytes(byte_view(frames[0])[:4]) == SLOT_MAGIC
+
+
+def decode(frames: Sequence[bytes | memoryview]) -> tuple[native.Header, SlotRef]:
+    """Parse a slot message, checking every field; nothing is read from shared memory yet."""
+    if len(frames) != 2:
+        raise WireError("frames", f"a slot message has 2 frames (header, slot), got {len(frames)}")
+    head = byte_view(frames[0])
+    if bytes(head[:4]) != SLOT_MAGIC:
+        raise WireError("magic", f"{bytes(head[:4])!r} is not {SLOT_MAGIC!r}")
+    header = native.decode_header(native.MAGIC + bytes(head[4:]))
+    desc = byte_view(frames[1])
+    if len(desc) < _DESC_HEAD.size:
+        raise WireError("slot.length", f"{len(desc)} bytes, shorter than the {_DESC_HEAD.size}-byte fixed part")
+    magic, slot, name_len = _DESC_HEAD.unpack_from(desc, 0)
+    n = len(header.dtypes)
+    expected = _DESC_HEAD.size + name_len + 8 * n
+    if magic != DESC_MAGIC:
+        raise WireError("slot.magic", f"{bytes(magic)!r} is not {DESC_MAGIC!r}")
+    if len(desc) != expected:
+        raise WireError("slot.length", f"{len(desc)} bytes, expected {expected} for {n} tensors")
+    region = bytes(desc[_DESC_HEAD.size : _DESC_HEAD.size + name_len]).decode("ascii", "replace")
+    if not _REGION.fullmatch(region):
+        raise WireError("slot.region", f"{region!r} is not a feedbench region name")
+    offsets = struct.unpack_from(f"<{n}Q", desc, _DESC_HEAD.size + name_len)
+    return header, SlotRef(region, slot, offsets)
+
+
+class _Mapped:
+    def __init__(self, name: str) -> None:
+        path = SHM_DIR / name[1:]
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as e:
+            raise WireError("slot.region", f"{name} cannot be opened: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise WireError("slot.region", f"{name} is not private to this user (mode 0600)")
+            if st.st_size < HEADER:
+                raise WireError("region.size", f"{name} has {st.st_size} bytes, less than its header")
+            self.map = mmap.mmap(fd, st.st_size)
+        finally:
+            os.close(fd)
+        os.unlink(path)  # mapped: the name is no longer needed by anyone
+        magic, version, slots, _, slot_size, data_offset = _REGION_HEAD.unpack_from(self.map, 0)
+        if magic != REGION_MAGIC:
+            raise WireError("region.magic", f"{name}: {magic!r} is not {REGION_MAGIC!r}")
+        if version != REGION_VERSION:
+            raise WireError("region.version", f"{name}: unknown version {version}")
+        if not 1 <= slots <= MAX_SLOTS:
+            raise WireError("region.slots", f"{name}: {slots} is outside 1..{MAX_SLOTS}")
+        if slot_size == 0 or slot_size % PAGE:
+            raise WireError("region.slot_size", f"{name}: {slot_size} is not a positive multiple of {PAGE}")
+        if data_offset != _round(HEADER + STATE_STRIDE * slots, PAGE):
+            raise WireError("region.data_offset", f"{name}: {data_offset} is not where the slots start")
+        if data_offset + slots * slot_size != st.st_size:
+            raise WireError("region.size", f"{name}: {st.st_size} bytes do not hold {slots} slots of {slot_size}")
+        self.slots, self.slot_size, self.data_offset = slots, slot_size, data_offset
+        buf = np.frombuffer(self.map, dtype=np.uint8)
+        self.state = buf[HEADER : HEADER + STATE_STRIDE * slots].view(np.uint32)[:: STATE_STRIDE // 4]
+        self.data = buf[data_offset:]
+
+
+class SlotReader:
+    """The consumer's side in Python: maps producers' regions and copies batches out of their slots."""
+
+    MAX_REGIONS = 256
+    POOL = 8  # output arrays kept per (dtype, shape), reused once the caller has dropped them
+
+    def __init__(self) -> None:
+        self._regions: dict[str, _Mapped] = {}
+        self._pool: dict[tuple, list[np.ndarray]] = {}
+
+    def _out(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """An output array: a pooled one nobody else references any more, or a new one.
+
+        Reusing arrays whose pages are already mapped saves the page faults of a
+        fresh multi-megabyte allocation on every batch (as much as the copy itself).
+        """
+        pool = self._pool.setdefault((dtype.str, shape), [])
+        for a in pool:
+            if sys.getrefcount(a) <= 3:  # the pool's list, the loop variable, getrefcount's argument
+                return a
+        a = np.empty(shape, dtype)
+        if len(pool) < self.POOL:
+            pool.append(a)
+        return a
+
+    def read(self, header: native.Header, ref: SlotRef) -> list[np.ndarray]:
+        """The batch as new arrays (the one copy), after which the slot is free again."""
+        r = self._regions.get(ref.region)
+        if r is None:
+            if len(self._regions) >= self.MAX_REGIONS:
+                raise WireError("slot.region", f"more than {self.MAX_REGIONS} regions mapped")
+            r = self._regions[ref.region] = _Mapped(ref.region)
+        if ref.slot >= r.slots:
+            raise WireError("slot.index", f"{ref.slot} >= the region's {r.slots} slots")
+        views = []
+        for i, (dtype, shape, off) in enumerate(zip(header.dtypes, header.shapes, ref.offsets, strict=True)):
+            nbytes = math.prod(shape) * dtype.itemsize
+            if off + nbytes > r.slot_size:
+                raise WireError(f"tensor[{i}].offset", f"{off} + {nbytes} bytes overrun the {r.slot_size}-byte slot")
+            start = ref.slot * r.slot_size + off
+            views.append(r.data[start : start + nbytes].view(dtype).reshape(shape))
+        if r.state[ref.slot] != PUBLISHED:
+            raise WireError("slot.state", f"slot {ref.slot} of {ref.region} is not published")
+        r.state[ref.slot] = TAKEN
+        try:
+            out = [self._out(v.dtype, v.shape) for v in views]
+            for dst, v in zip(out, views, strict=True):
+                np.copyto(dst, v)
+            return out
+        finally:
+            r.state[ref.slot] = FREE
+
+    def close(self) -> None:
+        for r in self._regions.values():
+            r.state = r.data = None
+            try:
+                r.map.close()
+            except BufferError:
+                pass
+        self._regions.clear()
+        self._pool.clear()
