@@ -34,7 +34,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--fake-location", choices=ALL_PATHS, help="run this input path and the gpu baseline (default: all paths)"
+        "--framework", choices=("tf", "torch"), default="tf", help="the trainer: TensorFlow (default) or PyTorch"
+    )
+    p.add_argument(
+        "--fake-location",
+        choices=(*ALL_PATHS, "spdl"),
+        help="run this input path and the gpu baseline (default: all paths)",
     )
     p.add_argument(
         "--num-gpus",
@@ -77,6 +82,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the Python paths' streams (CURVE)")
     p.add_argument("--json", dest="json_path", help="write the results to this JSON file")
+    g = p.add_argument_group("several machines (--framework torch, on torchrun)")
+    g.add_argument("--nnodes", type=positive_int, default=1, help="machines in the run, each running --num-gpus ranks")
+    g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0 to --nnodes - 1")
+    g.add_argument("--master-addr", default="127.0.0.1", help="node 0's address, for the rendezvous")
+    g.add_argument(
+        "--master-port", type=int, help="node 0's rendezvous port (default: free port; 29500 across machines)"
+    )
     g = p.add_argument_group("profiling and sweeps (docs/profiling.md)")
     g.add_argument(
         "--no-telemetry",
@@ -99,6 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
+    if args.framework == "tf" and args.fake_location and args.fake_location not in ALL_PATHS:
+        raise SystemExit(fail(f"--fake-location {args.fake_location}: a PyTorch path; add --framework torch"))
     paths = (
         [BASELINE, args.fake_location]
         if args.fake_location and args.fake_location != BASELINE
@@ -130,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
     if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
         return fail(f"--warmup-steps {cfg.warmup_steps} must be 0 or more")
+    if args.framework == "torch":
+        from torch_trainer.run import main as torch_main
+
+        return torch_main(cfg, args, sweep=grid is not None)
+    if args.nnodes > 1:
+        return fail("--nnodes: several machines need --framework torch (torchrun)")
     if cfg.variable_update == "horovod":
         try:
             import horovod.tensorflow  # noqa: F401

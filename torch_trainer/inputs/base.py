@@ -1,0 +1,165 @@
+"""What a PyTorch input path provides, and the pieces the producer-fed paths share.
+
+A path is opened on each rank (`open(ctx)`), hands the training step one
+batch per `next()` as (uint8 NHWC images, int64 labels) on the rank's device,
+and reports its own figures and accounting. Each rank pulls from its own
+endpoint, fed by its share of the run's producers.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from core.registry import InputPath
+
+
+@dataclass
+class RankContext:
+    """Where a path runs: this rank among `world`, its device, and a private folder for sockets."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    tmpdir: str
+
+    def endpoint(self, cfg: Any, path: str, part: int | None = None) -> str:
+        """This rank's endpoint (and a part of it, for one per loader worker).
+
+        With `--endpoint`, rank r uses the given TCP port + r (ipc: the path
+        with "-r<r>"), so external producers can address each rank.
+        """
+        suffix = "" if part is None else f"-w{part}"
+        if cfg.endpoint:
+            if cfg.endpoint.startswith("tcp://"):
+                host, port = cfg.endpoint.rsplit(":", 1)
+                return f"{host}:{int(port) + self.rank * 16 + (part or 0)}"
+            return f"{cfg.endpoint}-r{self.rank}{suffix}"
+        return f"ipc://{self.tmpdir}/{path}{suffix}"
+
+
+class TorchInputPath(InputPath):
+    """A PyTorch input path; subclasses implement `open`, `next` and `close`."""
+
+    framework: ClassVar[str] = "torch"
+
+    def open(self, ctx: RankContext) -> None:
+        """Start what the path needs on this rank (producers, sockets, loader workers)."""
+        self.ctx = ctx
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop everything `open` started; called once, also after a failure."""
+
+    def accounting(self) -> dict:
+        """Exact counts of what reached this rank: {"producers": rows, "batches_pulled": n}, or {}."""
+        return {}
+
+    def check(self) -> None:
+        """Between steps: raise if a producer the path depends on has died."""
+
+
+def labels_of(t: torch.Tensor) -> torch.Tensor:
+    """Class labels as cross-entropy wants them (int64, one per image)."""
+    return t.reshape(-1).long()
+
+
+def rank_producer_ids(producers: int, rank: int, world: int) -> list[int]:
+    """This rank's share of the run's producers (ids 1000 x i, as the TensorFlow trainer numbers them).
+
+    Producer i goes to rank i mod world; a rank left without one gets one of its own.
+    """
+    mine = [1000 * i for i in range(producers) if i % world == rank]
+    return mine or [1000 * (producers + rank)]
+
+
+def producers_summary(tracker, batch: int, dt: float, before: dict[int, int]) -> dict | None:
+    """Producer figures from the consumer's exact counts and the native headers' extras (as the TF telemetry)."""
+    rows = []
+    for pid, pc in sorted(tracker.producers.items()):
+        got = pc.received - before.get(pid, 0)
+        if dt > 0 and got > 0:
+            rows.append(
+                {
+                    "producer": pid,
+                    "images_per_sec": got * batch / dt,
+                    "make_images_per_sec": float(pc.extras.get("make_images_per_sec", 0.0)),
+                    "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
+                }
+            )
+    if not rows:
+        return None
+    shares = [r["send_latency_ms"] / 1e3 * r["images_per_sec"] / batch for r in rows if r["images_per_sec"] > 0]
+    return {
+        "source": "consumer counts + native headers",
+        "count": len(rows),
+        "images_per_sec": sum(r["images_per_sec"] for r in rows),
+        "send_latency_ms": statistics.mean(r["send_latency_ms"] for r in rows),
+        "send_wait_share": min(1.0, statistics.mean(shares)) if shares else None,
+        "per_producer": rows,
+    }
+
+
+def cpu_threads(local_world: int) -> int:
+    """Intra-op threads per rank: the machine's cores shared by the ranks on it."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_world))
+
+
+def start_producers(cfg: Any, endpoints: list[str], ids: list[int]):
+    """Start this rank's producers, producer k pushing to endpoints[k % len(endpoints)]; None with --endpoint.
+
+    The run binds, producers connect: the same producer processes and flags as the TensorFlow trainer.
+    """
+    if cfg.endpoint:
+        print(f"  waiting for external producers to connect to {', '.join(endpoints)}", flush=True)
+        return None
+    from trainer.producer_group import ProducerGroup, producer_command
+
+    cmds = [
+        producer_command(
+            cfg.producer,
+            endpoints[k % len(endpoints)],
+            pid,
+            cfg.batch,
+            cfg.image_size,
+            cfg.wire_format,
+            cfg.producer_workers,
+            cfg.hwm,
+            data=cfg.data,
+            curve_keys=cfg.curve_keys,
+            rate=cfg.producer_rate,
+        )
+        for k, pid in enumerate(ids)
+    ]
+    return ProducerGroup(cmds, ", ".join(endpoints)).start()
+
+
+class ProducerFed(TorchInputPath):
+    """A path fed by producer processes: starts this rank's share, and notices one that dies."""
+
+    needs_producers: ClassVar[bool] = True
+    group = None
+
+    def start(self, endpoints: list[str]) -> None:
+        ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
+        self.group = start_producers(self.cfg, endpoints, ids)
+
+    def check(self) -> None:
+        if self.group is None:
+            return
+        if self.cfg.on_producer_exit == "stop":
+            self.group.check()
+        elif len(self.group.exited()) == len(self.group.procs):
+            self.group.check()
+
+    def stop_producers(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+            self.group = None
