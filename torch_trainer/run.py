@@ -123,8 +123,14 @@ def main(cfg: BenchConfig, args: argparse.Namespace, sweep: bool = False) -> int
             )
         from core import registry
 
-        for path in cfg.paths:
-            registry.get("torch", path).validate(cfg)
+        for path in list(cfg.paths):
+            try:
+                registry.get("torch", path).validate(cfg)
+            except ConfigError as e:
+                if args.fake_location is not None:
+                    raise
+                print(f"note: skipping {path}: {e}")  # the default run goes on with the paths this machine has
+                cfg.paths.remove(path)
     except FeedbenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
