@@ -149,3 +149,18 @@ def test_pytorch_only_path_is_refused_for_tensorflow(procs):
     p = procs.start("bench_input.py", "--fake-location", "spdl")
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "--framework torch" in err.strip().splitlines()[-1]
+
+
+def test_silent_endpoint_stops_every_rank_with_one_line_and_no_json(procs, ipc_dir, tmp_path):
+    out_json = tmp_path / "r.json"
+    endpoint = f"ipc://{ipc_dir}/ext"
+    p = procs.start(
+        "bench_input.py", "--framework", "torch", "--fake-location", "python-queue", "--endpoint", endpoint,
+        "--recv-timeout", "2", *SMALL, "--json", str(out_json),
+    )  # fmt: skip
+    out, err = p.communicate(timeout=200)
+    assert p.returncode == 2, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1 and "python-queue" in errors[0] and f"{endpoint}-r" in errors[0]
+    assert "waiting for external producers" in out
+    assert not out_json.exists()

@@ -59,6 +59,7 @@ def torchrun_command(nproc: int, nodes: Nodes, config_file: str, result_dir: str
         "--master-addr", nodes.master_addr,
         "--master-port", str(port),
         "--max-restarts", "0",
+        "--log-dir", os.path.join(result_dir, "torchrun"),  # removed with the run's folder
         "--module", "torch_trainer.run",
         "--config", config_file,
         "--result-dir", result_dir,
