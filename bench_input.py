@@ -4,72 +4,100 @@
 Trains ResNet-50 on several devices, fed by each input path in turn, and
 reports images/s against the same model fed by data already on the device:
 
-    python bench_input.py                              # all five paths
+    python bench_input.py                              # every path of the default run
     python bench_input.py --fake-location zmq-consume  # one path and the gpu baseline
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
-from dataclasses import replace
 
-from trainer.config import ALL_PATHS, BASELINE, PATHS, BenchConfig, apply_defaults
+from runner import shutdown  # light: signal handling goes in before TensorFlow or matplotlib start threads
+
+MEMORY_SHARE = 16  # a run keeps about this many batches in memory (queues, staging, producer pools)
 
 
-def positive_int(text: str) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: every failure a user can cause is one line, `error: ...`, and exit code 2."""
+    shutdown.install()
+    from core.errors import FeedbenchError
+
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except FeedbenchError as e:
+        return fail(str(e))
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors raised as ConfigError: one line, exit code 2, like every other."""
+
+    def error(self, message: str):
+        from core.errors import ConfigError
+
+        raise ConfigError(message)
+
+
+def parse_args(argv: list[str], paths: dict):
+    """The flags; input path names and their help come from the registry."""
+    from core.cli_types import non_negative_int, positive_float, positive_int
+    from core.registry import BASELINE
+
+    p = _Parser(prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--framework", choices=("tf", "torch"), default="tf", help="the trainer: TensorFlow (default) or PyTorch"
     )
+    listing = "; ".join(f"{n}: {c.summary}" for n, c in paths.items())
+    default_run = ", ".join(n for n, c in paths.items() if c.in_default_run)
     p.add_argument(
-        "--fake-location",
-        choices=(*ALL_PATHS, "spdl"),
-        help="run this input path and the gpu baseline (default: all paths)",
+        "--fake-location", choices=list(paths), metavar="PATH",
+        help=f"run this input path and the {BASELINE} baseline (default: {default_run}). Paths: {listing}",
+    )  # fmt: skip
+    p.add_argument(
+        "--num-gpus", type=positive_int, help="towers (devices); default: every GPU, or 2 CPU devices without a GPU"
+    )
+    p.add_argument("--batch", type=positive_int, help="batch size per device (default 64; 4 without a GPU)")
+    p.add_argument("--image-size", type=positive_int, help="image height and width (default 224; 64 without a GPU)")
+    p.add_argument(
+        "--warmup-steps", type=non_negative_int, help="steps run before timing (default 20; 2 without a GPU)"
+    )
+    p.add_argument("--steps", type=positive_int, help="timed steps per repeat (default 100; 4 without a GPU)")
+    p.add_argument(
+        "--repeats", type=positive_int, help="timed repeats; the median is reported (default 7; 3 without a GPU)"
     )
     p.add_argument(
-        "--num-gpus",
-        type=positive_int,
-        help="towers (devices); default: every GPU, or 2 CPU devices when there is no GPU",
-    )
-    p.add_argument("--batch", type=positive_int, help="batch size per device")
-    p.add_argument("--image-size", type=positive_int)
-    p.add_argument("--warmup-steps", type=int, help="steps run before timing (default 20; fewer on CPU)")
-    p.add_argument("--steps", type=positive_int, help="timed steps per repeat (default 100; fewer on CPU)")
-    p.add_argument("--repeats", type=positive_int, help="timed repeats; the median is reported (default 7)")
-    p.add_argument("--variable-update", choices=("replicated", "parameter_server", "horovod"), default="replicated")
-    p.add_argument("--ps-device", choices=("cpu", "gpu"), default="cpu")
-    p.add_argument("--resnet-version", choices=("1", "1.5"), default="1.5")
+        "--variable-update", type=_variable_update, choices=("replicated", "parameter_server"), default="replicated",
+        help="how towers share variables: all-reduced copies per device, or one copy on --ps-device",
+    )  # fmt: skip
+    p.add_argument("--ps-device", choices=("cpu", "gpu"), default="cpu", help="where parameter_server keeps variables")
+    p.add_argument("--resnet-version", choices=("1", "1.5"), default="1.5", help="ResNet-50 v1 or v1.5 (stride in 3x3)")
     p.add_argument("--data-format", choices=("NCHW", "NHWC"), help="default NCHW on GPU, NHWC on CPU")
     p.add_argument("--use-fp16", action="store_true", help="fp16 compute, fp32 master weights, loss scaling")
-    p.add_argument("--use-xla-compile", action="store_true")
+    p.add_argument("--use-xla-compile", action="store_true", help="compile each tower's step with XLA")
     p.add_argument("--input-only", action="store_true", help="no model: each path's input ceiling")
-    g = p.add_argument_group("producers (python-queue, python-dataset, zmq-consume)")
-    g.add_argument("--producers", type=positive_int, default=2, help="producer processes the run starts")
+    g = p.add_argument_group("producers (for paths that read from producers)")
+    g.add_argument("--producers", type=positive_int, default=2, help="how many producer processes the run starts")
     g.add_argument(
-        "--producer", choices=("synthetic", "decode", "dali"), default="synthetic",
+        "--producer-kind", choices=("synthetic", "decode", "dali"), default="synthetic",
         help="what the producers send: random images, JPEGs decoded in Python, or a DALI pipeline",
     )  # fmt: skip
-    g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer decode|dali")
+    g.add_argument("--producer", dest="producer_kind", choices=("synthetic", "decode", "dali"), help=argparse.SUPPRESS)
+    g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer-kind decode|dali and dali")
     g.add_argument("--producer-workers", type=positive_int, default=1, help="worker processes per producer")
-    g.add_argument("--wire-format", choices=("native", "zmq_ops"), default="native")
+    g.add_argument(
+        "--dali-threads", type=positive_int, default=1, help="threads of each DALI pipeline (dali producers, dali path)"
+    )
+    g.add_argument("--wire-format", choices=("native", "zmq_ops"), default="native", help="wire format (docs/wire.md)")
     g.add_argument("--endpoint", help="use an external producer: bind this endpoint and wait for it")
     g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ high-water mark, in batches")
-    g.add_argument("--recv-timeout", type=float, default=60.0, help="seconds without a batch before the run fails")
+    g.add_argument(
+        "--recv-timeout", type=positive_float, default=60.0, help="seconds without a batch before the run fails"
+    )
     g.add_argument(
         "--on-producer-exit", choices=("stop", "continue"), default="stop",
         help="when one of the run's producers dies: stop the run, or train on with the others",
@@ -81,23 +109,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
     )
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the Python paths' streams (CURVE)")
-    p.add_argument("--json", dest="json_path", help="write the results to this JSON file")
+    p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     g = p.add_argument_group("several machines (--framework torch, on torchrun)")
     g.add_argument("--nnodes", type=positive_int, default=1, help="machines in the run, each running --num-gpus ranks")
-    g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0 to --nnodes - 1")
+    g.add_argument("--node-rank", type=non_negative_int, default=0, help="this machine's index, 0 to --nnodes - 1")
     g.add_argument("--master-addr", default="127.0.0.1", help="node 0's address, for the rendezvous")
     g.add_argument(
-        "--master-port", type=int, help="node 0's rendezvous port (default: free port; 29500 across machines)"
+        "--master-port",
+        type=positive_int,
+        help="node 0's rendezvous port (default: a free port; 29500 across machines)",
     )
     g = p.add_argument_group("profiling and sweeps (docs/profiling.md)")
     g.add_argument(
-        "--no-telemetry",
-        dest="telemetry",
-        action="store_false",
+        "--no-telemetry", dest="telemetry", action="store_false",
         help="no per-stage telemetry or verdict (to see its cost)",
-    )
+    )  # fmt: skip
     g.add_argument(
-        "--producer-rate", type=float, metavar="IMAGES_PER_SEC", help="cap each producer worker (a slow loader)"
+        "--producer-rate",
+        type=positive_float,
+        metavar="IMAGES_PER_SEC",
+        help="cap each producer worker (a slow loader)",
     )
     g.add_argument(
         "--profile", dest="profile_dir", metavar="DIR", help="write a TensorFlow trace of a few measured steps"
@@ -110,113 +141,135 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def config_from(args: argparse.Namespace) -> BenchConfig:
-    if args.framework == "tf" and args.fake_location and args.fake_location not in ALL_PATHS:
-        raise SystemExit(fail(f"--fake-location {args.fake_location}: a PyTorch path; add --framework torch"))
-    paths = (
-        [BASELINE, args.fake_location]
-        if args.fake_location and args.fake_location != BASELINE
-        else ([BASELINE] if args.fake_location else list(PATHS))
-    )
+def _variable_update(text: str) -> str:
+    if text == "horovod":
+        raise argparse.ArgumentTypeError(
+            "horovod: Horovod is not offered (it does not build against TensorFlow 2.21); "
+            "use replicated or parameter_server"
+        )
+    return text
+
+
+def config_from(args, paths: dict):
+    """The run's BenchConfig: the chosen path after the baseline, or the registry's default run."""
+    from core.config import BenchConfig
+    from core.registry import BASELINE
+
+    if args.fake_location:
+        chosen = [BASELINE] + ([args.fake_location] if args.fake_location != BASELINE else [])
+    else:
+        chosen = [n for n, c in paths.items() if c.in_default_run]
     fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}
-    return BenchConfig(paths=paths, **fields)
+    return BenchConfig(paths=chosen, **fields)
 
 
-def fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+def validate(cfg, paths: dict) -> None:
+    """Every check that needs no device: producer flags, each chosen path's own, the endpoint (ConfigError)."""
+    from core.errors import ConfigError
+    from runner.producer_group import check_producer_flags
+    from wire.endpoints import EndpointError, check
+
+    check_producer_flags(cfg)
+    for name in cfg.paths:
+        paths[name].validate(cfg)
+    if cfg.endpoint:
+        try:
+            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
+        except EndpointError as e:
+            raise ConfigError(str(e)) from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def check_machine(cfg, gpus: int) -> None:
+    """Towers the machine has, and a batch it can hold (ConfigError)."""
+    import os
+
+    import psutil
+
+    from core.errors import ConfigError
+
+    if gpus and cfg.num_gpus > gpus:
+        raise ConfigError(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
+    if not gpus and cfg.num_gpus > (os.cpu_count() or 1):
+        raise ConfigError(
+            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
+        )
+    batch_bytes = cfg.batch * cfg.image_size * cfg.image_size * 3
+    available = psutil.virtual_memory().available
+    if batch_bytes * MEMORY_SHARE > available:
+        raise ConfigError(
+            f"--image-size {cfg.image_size}: one batch of {cfg.batch} is {batch_bytes / 1e9:.1f} GB, and a run keeps "
+            f"about {MEMORY_SHARE} batches in memory; this machine has {available / 1e9:.1f} GB available"
+        )
+
+
+def _main(argv: list[str]) -> int:
+    from dataclasses import replace
+
+    from core import registry
+    from core.errors import ConfigError
+    from profiler.report import check_output_places
     from profiler.sweep import SweepError, split_args
 
+    framework = _framework(argv)
+    paths = registry.load(framework)
     try:
-        grid, argv = split_args(sys.argv[1:] if argv is None else list(argv))
+        grid, argv = split_args(argv, list(paths))
     except SweepError as e:
-        return fail(str(e))
-    args = parse_args(argv)
-    cfg = config_from(args)
-    if args.producer_rate is not None and args.producer_rate <= 0:
-        return fail(f"--producer-rate {args.producer_rate:g} must be more than 0")
+        raise ConfigError(str(e)) from None
+    args = parse_args(argv, paths)
+    check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
+    cfg = config_from(args, paths)
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
     if grid is not None:
         cfg.paths = grid.get("paths", cfg.paths)
         cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
-    if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
-        return fail(f"--warmup-steps {cfg.warmup_steps} must be 0 or more")
-    if args.framework == "torch":
+    validate(cfg, paths)
+    if framework == "torch":
         from torch_trainer.run import main as torch_main
 
-        return torch_main(cfg, args, sweep=grid is not None)
+        return torch_main(cfg, args, check_machine, sweep=grid is not None)
     if args.nnodes > 1:
-        return fail("--nnodes: several machines need --framework torch (torchrun)")
-    if cfg.variable_update == "horovod":
-        try:
-            import horovod.tensorflow  # noqa: F401
-        except ImportError:
-            return fail(
-                "--variable-update horovod: Horovod is not importable here (it does not build against TensorFlow 2.21); use replicated or parameter_server"
-            )
-    if cfg.producer != "synthetic":
-        if not cfg.data:
-            return fail(f"--producer {cfg.producer} needs --data DIR (make one: python -m producers make-dataset DIR)")
-        if not os.path.isdir(cfg.data):
-            return fail(f"--data {cfg.data}: no such folder")
-        if cfg.producer == "dali":
-            import importlib.util
+        raise ConfigError("--nnodes: several machines need --framework torch (torchrun)")
 
-            if importlib.util.find_spec("nvidia.dali") is None:
-                return fail("--producer dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
-    if "dali" in cfg.paths:
-        from consumers.dali_tf import INSTALL_HINT, plugin_available
-
-        if not cfg.data or not os.path.isdir(cfg.data):
-            return fail(
-                "--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
-            )
-        if not plugin_available():
-            return fail(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
-    if cfg.curve_keys and "zmq-consume" in cfg.paths:
-        return fail("--curve-keys: the zmq_ops op does not speak CURVE; use it with python-queue or python-dataset")
-    if cfg.endpoint:
-        from wire.endpoints import EndpointError, check
-
-        try:
-            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
-        except EndpointError as e:
-            return fail(str(e))
-
-    # Ctrl-C and SIGTERM stop producers and exit at once, even mid-step (see trainer/shutdown.py).
-    from trainer import shutdown
-
-    shutdown.install()
-
-    from trainer import devices, report
-    from trainer.run import InputError, run_path
+    from core.config import apply_defaults
+    from tf_trainer import devices
 
     gpus = devices.gpu_count()
-    has_gpu = gpus > 0
     for note in apply_defaults(cfg, gpus):
         print(f"note: {note}")
-    if has_gpu and cfg.num_gpus > gpus:
-        return fail(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
-    if not has_gpu and cfg.num_gpus > (os.cpu_count() or 1):
-        return fail(
-            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
-        )
-
+    check_machine(cfg, gpus)
     if grid is not None:
-        from profiler.sweep import run_sweep
+        return _sweep(base, grid, gpus, args.out or "results")
+    started, results = _run(cfg, gpus > 0)
+    _report(cfg, results, args.out, started)
+    return 0
 
-        out = args.out or "results"
-        try:
-            doc = run_sweep(base, grid, gpus, out, devices.describe())
-        except InputError as e:
-            return fail(str(e))
-        print()
-        print(open(os.path.join(out, "results.md")).read())
-        print("\n".join(f"wrote {f}" for f in doc["files"]))
-        return 0
+
+def _framework(argv: list[str]) -> str:
+    """--framework, read first: the input paths (and so the flags' choices) depend on it."""
+    pre = _Parser(add_help=False)
+    pre.add_argument("--framework", choices=("tf", "torch"), default="tf")
+    return pre.parse_known_args(argv)[0].framework
+
+
+def _sweep(base, grid: dict, gpus: int, out: str) -> int:
+    import os
+
+    from profiler.sweep import run_sweep
+    from tf_trainer import devices
+
+    doc = run_sweep(base, grid, gpus, out, devices.describe())
+    print()
+    print(open(os.path.join(out, "results.md")).read())
+    print("\n".join(f"wrote {f}" for f in doc["files"]))
+    return 0
+
+
+def _run(cfg, has_gpu: bool) -> tuple[float, dict[str, dict]]:
+    """Every chosen path in turn, one line each as it finishes."""
+    import time
+
+    from tf_trainer.run import run_path
 
     print(
         f"feedbench: ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}, "
@@ -226,22 +279,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: dict[str, dict] = {}
     started = time.time()
-    try:
-        for path in cfg.paths:
-            t0 = time.perf_counter()
-            print(f"- {path} ...", flush=True)
-            results[path] = run_path(cfg, path, has_gpu)
-            r = results[path]
-            print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
-    except InputError as e:
-        return fail(str(e))
+    for path in cfg.paths:
+        t0 = time.perf_counter()
+        print(f"- {path} ...", flush=True)
+        r = results[path] = run_path(cfg, path, has_gpu)
+        print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return started, results
+
+
+def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> None:
+    """The tables, the verdicts, and the files asked for."""
+    from core import registry
+    from profiler import report
+    from profiler.verdict import add_verdicts, line
+    from profiler.verdict import table as verdict_table
+    from tf_trainer import devices
+
     report.add_ratios(results)
     print()
     print(report.table(results, cfg.num_gpus, cfg.input_only))
     if cfg.telemetry:
-        from profiler.verdict import add_verdicts, line
-        from profiler.verdict import table as verdict_table
-
         add_verdicts(results)
         print()
         print(verdict_table(results))
@@ -249,33 +306,29 @@ def main(argv: list[str] | None = None) -> int:
         for path, r in results.items():
             print(line(path, r["verdict"]))
     if cfg.profile_dir:
-        from profiler.tracing import how_to_open
+        from tf_trainer.tracing import how_to_open
 
         print()
         print(how_to_open(cfg.profile_dir))
-    if args.out:
+    if out:
         from profiler.sweep import rows_of, write_results
 
-        files = write_results(
-            args.out, {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
-        )
+        doc = {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
+        files = write_results(out, doc, registry.names("tf"))
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     if cfg.json_path:
+        base = results.get(registry.BASELINE, {})
         report.write_json(
             cfg.json_path,
             {
                 "config": cfg.to_dict(),
                 "device": devices.describe(),
-                "reference": {
-                    "baseline": BASELINE,
-                    "baseline_images_per_sec": results.get(BASELINE, {}).get("images_per_sec"),
-                },
+                "reference": {"baseline": registry.BASELINE, "baseline_images_per_sec": base.get("images_per_sec")},
                 "started": started,
                 "paths": results,
             },
         )
         print(f"\nwrote {cfg.json_path}")
-    return 0
 
 
 if __name__ == "__main__":

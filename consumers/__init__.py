@@ -1,3 +1,1 @@
-"""Consumers: receive batches from producers into the trainer (Python, tf.data, the zmq op, constants)."""
-
-import trainer.tf_env  # noqa: E402,F401  (TensorFlow's environment, before tensorpack imports it)
+"""Consumers: the Python pull consumer (zmq_pull) and its exact per-producer accounting; no TensorFlow."""

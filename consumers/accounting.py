@@ -46,10 +46,6 @@ class SeqTracker:
             c.extras = extras
             c.last_sent = int(extras.get("sent", c.last_sent))
 
-    def totals(self) -> dict[str, int]:
-        keys = ("received", "lost", "duplicated", "restarts")
-        return {k: sum(getattr(c, k) for c in self.producers.values()) for k in keys}
-
     def table(self) -> list[dict]:
         """One row per producer, for reports."""
         return [

@@ -38,6 +38,11 @@ class InputPath:
     needs_producers: ClassVar[bool] = False  # the run starts (or waits for) producers on an endpoint
     # What to try when this path's consumer side limits the run (the verdict quotes it).
     advice: ClassVar[str] = "speed up the consumer"
+    # When the input limits and no producer figures say which side: what to try, and how to say what it delivered.
+    input_advice: ClassVar[str] = "add producers (--producers) or use zmq-consume"
+    delivers_words: ClassVar[str] = "the input delivers"
+    # When steps run slower than the baseline without waiting: the input's host work competes with them.
+    host_cpu_advice: ClassVar[str] = "move input work off the trainer's cores (zmq-consume, producers on other hosts)"
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -52,7 +57,14 @@ class InputPath:
 
     def describe(self) -> dict[str, Any]:
         """What the report says about the path itself (kind, advice), next to its figures."""
-        return {"summary": self.summary, "advice": self.advice, "needs_producers": self.needs_producers}
+        return {
+            "summary": self.summary,
+            "advice": self.advice,
+            "input_advice": self.input_advice,
+            "delivers_words": self.delivers_words,
+            "host_cpu_advice": self.host_cpu_advice,
+            "needs_producers": self.needs_producers,
+        }
 
 
 def register(cls: type[InputPath]) -> type[InputPath]:
@@ -74,7 +86,9 @@ def load(framework: str) -> dict[str, type[InputPath]]:
 def get(framework: str, name: str) -> type[InputPath]:
     paths = load(framework)
     if name not in paths:
-        raise ConfigError(f"--fake-location {name!r}: no such input path for {framework} (choose from {', '.join(paths)})")
+        raise ConfigError(
+            f"--fake-location {name!r}: no such input path for {framework} (choose from {', '.join(paths)})"
+        )
     return paths[name]
 
 

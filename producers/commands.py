@@ -33,7 +33,7 @@ def producer_command(
     """
     if kind not in KINDS:
         raise ValueError(f"unknown producer kind {kind!r} (choose from {', '.join(KINDS)})")
-    cmd = [sys.executable, "-m", "producers", kind, "--endpoint", endpoint, "--format", fmt]
+    cmd = [sys.executable, "-m", "producers", kind, "--endpoint", endpoint, "--wire-format", fmt]
     cmd += ["--batch", str(batch), "--image-size", str(image_size), "--workers", str(workers)]
     if kind in ("decode", "dali"):
         if not data:

@@ -21,6 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from core.cli_types import positive_int
+from producers.decode import DatasetError, add_data_args, check_dataset
+from producers.options import add_send_args, run_producer
+
 INSTALL_HINT = "pip install -e '.[dali]'  (or: .venv/bin/pip install nvidia-dali-cuda120)"
 
 
@@ -132,9 +136,6 @@ class DaliSource:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from producers.cli import run_producer
-    from producers.decode import DatasetError, check_dataset
-
     try:
         import_dali()
         check_dataset(args.data, args.list, args.workers)
@@ -156,9 +157,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from producers.cli import add_send_args, positive_int
-    from producers.decode import add_data_args
-
     p = sub.add_parser("dali", help="the decode producer's work as an NVIDIA DALI pipeline (optional extra)")
     add_send_args(p)
     add_data_args(p)

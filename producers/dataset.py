@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from core.cli_types import positive_int
+
 # Photographs bundled with scikit-image itself (available offline); grey ones become RGB.
 PHOTOS = (
     "astronaut",
@@ -108,8 +110,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from producers.cli import positive_int
-
     p = sub.add_parser("make-dataset", help="write an ImageNet-layout folder of JPEG photographs")
     p.add_argument("folder", help="where to write the class sub-folders")
     p.add_argument("--classes", type=positive_int, default=10, help="class sub-folders")

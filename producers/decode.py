@@ -29,6 +29,9 @@ import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
+from core.cli_types import positive_int
+from producers.options import add_send_args, run_producer
+
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
 WARN_FIRST = 3  # bad files named on stderr per worker; the rest are only counted
 
@@ -353,7 +356,6 @@ def check_dataset(root: str, list_file: str | None, workers: int) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from producers.cli import run_producer
 
     try:
         check_dataset(args.data, args.list, args.workers)
@@ -383,8 +385,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by the decoding producers (Python and DALI)."""
-    from producers.cli import positive_int
-
     p.add_argument("--data", required=True, metavar="DIR", help="ImageNet-layout folder: DIR/<class>/<image>.JPEG")
     p.add_argument("--list", metavar="FILE", help="use only these files: lines of 'relative/path [label]'")
     p.add_argument("--image-size", type=positive_int, default=224, help="output height and width")
@@ -393,8 +393,6 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from producers.cli import add_send_args
-
     p = sub.add_parser("decode", help="decode JPEGs from a folder, random-resized-crop, push batches")
     add_send_args(p)
     add_data_args(p)

@@ -8,6 +8,7 @@ stops the rest and is reported as one line.
 from __future__ import annotations
 
 import ctypes
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -18,6 +19,7 @@ from dataclasses import replace
 
 from tqdm import tqdm
 
+from core.atomic import atomic_write
 from producers import sender
 from producers.sender import Counters, SendConfig, Source
 from wire.curve import CurveError
@@ -76,11 +78,14 @@ def launch(
     workers: int = 1,
     progress: bool = True,
     describe: str = "",
+    stats_file: str | None = None,
 ) -> int:
     """Run `workers` senders until they finish or a signal arrives; returns the exit code.
 
     `cfg.count` is the total number of batches across workers. Worker i sends
     as producer id `cfg.producer_id + i`, so the consumer can account for each.
+    `stats_file` gets the producer's figures once a second (see `rates`), for
+    consumers that see no native headers (the zmq op).
     """
     if cfg.bind and workers > 1:
         # N workers cannot bind one endpoint; let the consumer bind and the workers connect.
@@ -103,7 +108,7 @@ def launch(
             p = spawn.Process(target=_worker, args=(source, i, wcfg, shared, stop, status), daemon=True)
             p.start()
             procs.append(p)
-        return _supervise(procs, status, stop, shared, cfg, workers, progress, describe, interrupted)
+        return _supervise(procs, status, stop, shared, cfg, progress, describe, interrupted, stats_file)
     finally:
         stop.set()
         for p in procs:
@@ -116,8 +121,21 @@ def launch(
             signal.signal(s, h)
 
 
-def _supervise(procs, status, stop, shared, cfg, workers, progress, describe, interrupted) -> int:
-    """Print progress until the workers end; turn worker reports into one exit code."""
+def rates(now: dict[str, float], before: dict[str, float], dt: float) -> dict[str, float]:
+    """The producer's figures between two counter totals `dt` seconds apart (what --stats-file holds)."""
+    db = now["batches"] - before["batches"]
+    return {
+        "batches_per_sec": db / dt,
+        "images_per_sec": (now["images"] - before["images"]) / dt,
+        "bytes_per_sec": (now["bytes"] - before["bytes"]) / dt,
+        "send_latency_ms": 1e3 * (now["send_wait_s"] - before["send_wait_s"]) / max(db, 1),
+        "batches": now["batches"],
+        "time": time.time(),
+    }
+
+
+def _supervise(procs, status, stop, shared, cfg, progress, describe, interrupted, stats_file) -> int:
+    """Print progress (and write the stats file) until the workers end; turn worker reports into one exit code."""
     code = sender.DONE
     bar = None
     if progress:
@@ -142,15 +160,16 @@ def _supervise(procs, status, stop, shared, cfg, workers, progress, describe, in
             time.sleep(0.2)
             drain()
             now, tot = time.perf_counter(), Counters.totals(shared)
-            if bar is not None and now - last_t >= 1.0:
-                dt = now - last_t
-                db = tot["batches"] - last["batches"]
-                bar.update(int(tot["batches"]) - bar.n)
-                bar.set_postfix_str(
-                    f"{db / dt:.1f} batch/s, {(tot['images'] - last['images']) / dt:.0f} img/s, "
-                    f"{(tot['bytes'] - last['bytes']) / dt / 1e6:.0f} MB/s, "
-                    f"send latency {1e3 * (tot['send_wait_s'] - last['send_wait_s']) / max(db, 1):.1f} ms"
-                )
+            if now - last_t >= 1.0:
+                r = rates(tot, last, now - last_t)
+                if stats_file:
+                    atomic_write(stats_file, json.dumps(r))
+                if bar is not None:
+                    bar.update(int(tot["batches"]) - bar.n)
+                    bar.set_postfix_str(
+                        f"{r['batches_per_sec']:.1f} batch/s, {r['images_per_sec']:.0f} img/s, "
+                        f"{r['bytes_per_sec'] / 1e6:.0f} MB/s, send latency {r['send_latency_ms']:.1f} ms"
+                    )
                 last_t, last = now, tot
     finally:
         if bar is not None:

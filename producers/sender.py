@@ -120,6 +120,17 @@ def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], b
         monitor.poll(100)
 
 
+def _send(sock: zmq.Socket, arrays, cfg: SendConfig, seq: int, extras: dict | None, should_stop) -> int | None:
+    """Send one batch once there is room; its bytes, or None when stopped or the consumer is gone."""
+    while True:
+        if not _wait_writable(sock, should_stop, cfg.give_up_after):
+            return None
+        try:
+            return message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
+        except zmq.Again:  # the consumer hung up between the poll and the send: wait again
+            continue
+
+
 def run(
     source: Source,
     worker: int,
@@ -159,14 +170,9 @@ def run(
                 time.sleep(max(0.0, t_start + seq * images / cfg.rate - t1))
             t2 = time.perf_counter()
             extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
-            while True:
-                if not _wait_writable(sock, should_stop, cfg.give_up_after):
-                    return DONE if should_stop() else CONSUMER_GONE
-                try:
-                    nbytes = message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
-                    break
-                except zmq.Again:  # the consumer hung up between the poll and the send: wait again
-                    continue
+            nbytes = _send(sock, arrays, cfg, seq, extras, should_stop)
+            if nbytes is None:
+                return DONE if should_stop() else CONSUMER_GONE
             t3 = time.perf_counter()
             telemetry.record(images, t1 - t0, t3 - t2)
             seq += 1

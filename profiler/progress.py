@@ -1,14 +1,15 @@
 """Progress of one run: a tqdm bar over warm-up and measured steps, with a live status line.
 
 Bars go to stderr and only when it is a terminal, so a log or a pipe gets
-the plain lines the CLI prints, not carriage-return noise.
+the plain lines the CLI prints, not carriage-return noise. A trainer calls
+`begin`, `step` after every step, and `end`.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
-from tensorpack.callbacks import Callback
 from tqdm import tqdm
 
 
@@ -16,19 +17,21 @@ def interactive() -> bool:
     return sys.stderr.isatty()
 
 
-class RunProgress(Callback):
+class RunProgress:
     """Counts steps; the description says the phase, the postfix the telemetry's live status."""
 
-    def __init__(self, path: str, warmup: int, total: int, telemetry=None, position: int | None = None) -> None:
+    def __init__(
+        self, path: str, warmup: int, total: int, status: Callable[[], str] | None = None, position: int | None = None
+    ) -> None:
         self.path = path
         self.warmup = warmup
         self.total = total
-        self.telemetry = telemetry
+        self.status = status
         self.position = position
         self.bar = None
-        self.step = 0
+        self.steps = 0
 
-    def _before_train(self) -> None:
+    def begin(self) -> None:
         desc = f"{self.path}: waiting for the first batch" if self.warmup else f"{self.path}: measuring"
         self.bar = tqdm(
             total=self.total,
@@ -41,19 +44,19 @@ class RunProgress(Callback):
             dynamic_ncols=True,
         )
 
-    def _trigger_step(self) -> None:
-        self.step += 1
+    def step(self) -> None:
+        self.steps += 1
         if self.bar is None:
             return
-        if self.step == 1 and self.warmup:
+        if self.steps == 1 and self.warmup:
             self.bar.set_description_str(f"{self.path}: warm-up")
-        if self.step == self.warmup:
+        if self.steps == self.warmup:
             self.bar.set_description_str(f"{self.path}: measuring")
-        if self.telemetry is not None:
-            self.bar.set_postfix_str(self.telemetry.live(), refresh=False)
+        if self.status is not None:
+            self.bar.set_postfix_str(self.status(), refresh=False)
         self.bar.update(1)
 
-    def _after_train(self) -> None:
+    def end(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None

@@ -15,17 +15,17 @@ import io
 import itertools
 import json
 import os
-import tempfile
 import time
 from dataclasses import replace
 
+from tabulate import tabulate
 from tqdm import tqdm
 
+from core.atomic import atomic_write
+from core.config import BASELINE, BenchConfig, apply_defaults
 from profiler.progress import interactive
+from profiler.report import SCHEMA_VERSION
 from profiler.verdict import add_verdicts
-from trainer.config import ALL_PATHS, BASELINE, BenchConfig, apply_defaults
-
-SCHEMA_VERSION = 1
 
 # Flags that take comma-separated lists under --sweep, and their BenchConfig fields.
 SWEEP_FLAGS = {
@@ -83,9 +83,10 @@ def _ints(flag: str, text: str) -> list[int]:
     return values
 
 
-def split_args(argv: list[str]) -> tuple[dict[str, list] | None, list[str]]:
+def split_args(argv: list[str], known_paths: list[str]) -> tuple[dict[str, list] | None, list[str]]:
     """With --sweep: the grid from the list-valued flags, and the other flags for the normal parser.
 
+    `known_paths` are the input path names a --fake-location list may hold.
     Without --sweep, returns (None, argv) untouched.
     """
     pre = argparse.ArgumentParser(add_help=False)
@@ -101,9 +102,9 @@ def split_args(argv: list[str]) -> tuple[dict[str, list] | None, list[str]]:
     grid: dict[str, list] = {}
     if known.fake_location:
         paths = [p.strip() for p in known.fake_location.split(",") if p.strip()]
-        bad = [p for p in paths if p not in ALL_PATHS]
+        bad = [p for p in paths if p not in known_paths]
         if bad:
-            raise SweepError(f"--fake-location {bad[0]!r}: choose from {', '.join(ALL_PATHS)}")
+            raise SweepError(f"--fake-location {bad[0]!r}: choose from {', '.join(known_paths)}")
         grid["paths"] = [BASELINE] + [p for p in dict.fromkeys(paths) if p != BASELINE]
     if known.num_gpus:
         grid["num_gpus"] = _ints("--num-gpus", known.num_gpus)
@@ -171,20 +172,6 @@ def rows_of(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def atomic_write(path: str, data: bytes | str) -> None:
-    """Write to a temporary file beside `path`, then rename over it."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".feedbench-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def to_csv(rows: list[dict]) -> str:
     """Floats as repr, so a reader gets back exactly the numbers in results.json."""
     buf = io.StringIO()
@@ -205,29 +192,33 @@ def to_markdown(rows: list[dict]) -> str:
         "input path", "devices", "batch", "fp16", "XLA", "images/s", "min–max", "per device",
         "vs baseline", "scaling eff.", "input wait", "verdict (limiting stage)",
     ]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells = []
     for r in rows:
         ratio = "baseline" if r["path"] == BASELINE else _f(r["ratio_to_baseline"], ".2f")
-        cells = [
-            f"`{r['path']}`",
-            str(r["num_gpus"]),
-            str(r["batch"]),
-            "yes" if r["use_fp16"] else "no",
-            "yes" if r["use_xla_compile"] else "no",
-            _f(r["images_per_sec"], ".1f"),
-            f"{r['images_per_sec_min']:.1f}–{r['images_per_sec_max']:.1f}",
-            _f(r["images_per_sec_per_device"], ".1f"),
-            ratio,
-            _f(r["scaling_efficiency"], ".0f", 100, "%"),
-            _f(r["input_wait_share"], ".0f", 100, "%"),
-            f"{r['verdict'] or '–'} ({r['limiting_stage'] or '–'})",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        cells.append(
+            [
+                f"`{r['path']}`",
+                str(r["num_gpus"]),
+                str(r["batch"]),
+                "yes" if r["use_fp16"] else "no",
+                "yes" if r["use_xla_compile"] else "no",
+                _f(r["images_per_sec"], ".1f"),
+                f"{r['images_per_sec_min']:.1f}–{r['images_per_sec_max']:.1f}",
+                _f(r["images_per_sec_per_device"], ".1f"),
+                ratio,
+                _f(r["scaling_efficiency"], ".0f", 100, "%"),
+                _f(r["input_wait_share"], ".0f", 100, "%"),
+                f"{r['verdict'] or '–'} ({r['limiting_stage'] or '–'})",
+            ]
+        )
+    return tabulate(cells, headers=head, tablefmt="github", disable_numparse=True) + "\n"
 
 
-def write_results(out_dir: str, doc: dict) -> list[str]:
-    """results.json, results.csv, results.md and results.png in `out_dir`, each written atomically."""
+def write_results(out_dir: str, doc: dict, path_order: list[str] | None = None) -> list[str]:
+    """results.json, results.csv, results.md and results.png in `out_dir`, each written atomically.
+
+    `path_order` (the registry's order) fixes each path's place and colour in the plot.
+    """
     from profiler.plot import plot_png
 
     rows = doc["rows"]
@@ -235,7 +226,7 @@ def write_results(out_dir: str, doc: dict) -> list[str]:
         "results.json": json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2),
         "results.csv": to_csv(rows),
         "results.md": to_markdown(rows),
-        "results.png": plot_png(rows, title=doc.get("title", "")),
+        "results.png": plot_png(rows, title=doc.get("title", ""), path_order=path_order),
     }
     written = []
     for name, data in files.items():
@@ -248,8 +239,9 @@ def write_results(out_dir: str, doc: dict) -> list[str]:
 def run_sweep(base: BenchConfig, grid: dict[str, list], gpus: int, out_dir: str, device: dict) -> dict:
     """Run every grid point's paths, with one bar over the sweep and one per run; write the results."""
     has_gpu = gpus > 0
-    from trainer import report
-    from trainer.run import run_path
+    from core import registry
+    from profiler import report
+    from tf_trainer.run import run_path
 
     configs = points(base, grid)
     total = sum(len(c.paths) for c in configs)
@@ -286,5 +278,5 @@ def run_sweep(base: BenchConfig, grid: dict[str, list], gpus: int, out_dir: str,
         "rows": rows_of(runs),
         "runs": runs,
     }
-    doc["files"] = write_results(out_dir, doc)
+    doc["files"] = write_results(out_dir, doc, registry.names("tf"))
     return doc

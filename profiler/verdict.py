@@ -19,18 +19,15 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from trainer.config import BASELINE
+from core.registry import BASELINE, InputPath
 
 HIGH, MODERATE = 0.20, 0.05
 LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured")
 # Producers blocked in send more than this share of their time have room to give more.
 SEND_WAIT_BUSY = 0.5
 
-_CONSUMER_ADVICE = {
-    "python-queue": "the Python receive loop limits: use zmq-consume (the native op) or more consumer threads",
-    "python-dataset": "the Python generator limits: use zmq-consume (the native op)",
-    "zmq-consume": "the pull op limits: check the wire format (native is one copy fewer) and --hwm",
-}
+# What the verdict says about a path that did not describe itself (its result has no "input").
+_GENERIC = InputPath(None).describe()
 
 
 def level_of(share: float | None) -> str:
@@ -54,22 +51,15 @@ def _queue_words(q: dict | None) -> str | None:
 
 
 def verdict(path: str, result: dict, baseline_ips: float | None = None) -> dict:
-    """The verdict for one path's result (which holds "telemetry"); see docs/profiling.md."""
+    """The verdict for one path's result (which holds "telemetry" and "input"); see docs/profiling.md."""
     tel = result.get("telemetry") or {}
     share = tel.get("input_wait_share")
     level = level_of(share)
-    ips = result["images_per_sec"]["median"]
-    prod = tel.get("producers")
-    q = tel.get("queue")
     evidence: list[str] = []
     if share is not None:
         evidence.append(f"waits {100 * share:.0f}% of each step for input")
     else:
         evidence.append("input wait not measured (--no-telemetry)")
-    queue_empty = q is not None and q["empty_share"] >= 0.5
-    queue_full = q is not None and q["full_share"] >= 0.5
-    busy = prod is not None and prod.get("send_wait_share") is not None and prod["send_wait_share"] >= SEND_WAIT_BUSY
-
     if path == BASELINE:
         return {
             "level": level,
@@ -77,39 +67,55 @@ def verdict(path: str, result: dict, baseline_ips: float | None = None) -> dict:
             "evidence": "; ".join(evidence + ["data already on the device: the baseline"]),
             "advice": "this is the ceiling the other paths are measured against",
         }
-
+    q = tel.get("queue")
+    queue_empty = q is not None and q["empty_share"] >= 0.5
     if level in LEVELS[:2] or (level == LEVELS[3] and queue_empty):
-        against = f" against {baseline_ips:.0f} img/s with on-device data" if baseline_ips else ""
-        if prod is not None and not busy:
-            stage = "producer"
-            evidence.append(
-                f"producers deliver {prod['images_per_sec']:.0f} img/s{against}, "
-                f"waiting to send only {100 * (prod['send_wait_share'] or 0):.0f}% of their time"
-            )
-            advice = "add producers (--producers) or workers (--producer-workers), or use DALI"
-        elif prod is not None and busy:
-            stage = "consumer"
-            evidence.append(
-                f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
-                f"(send latency {prod['send_latency_ms']:.0f} ms): they could give more"
-            )
-            advice = _CONSUMER_ADVICE.get(path, "speed up the consumer")
-        elif path == "cpu":
-            stage = "input"
-            evidence.append(f"random images made on the CPU every step deliver {ips:.0f} img/s{against}")
-            advice = "generate on the device, or feed from producers"
-        else:
-            stage = "input"
-            evidence.append(f"the input delivers {ips:.0f} img/s{against}")
-            advice = "add producers (--producers) or use zmq-consume"
+        stage, advice = _input_limits(result, evidence, baseline_ips)
         if queue_empty:
             evidence.append(_queue_words(q) + ": starved")
         return {"level": level, "limiting_stage": stage, "evidence": "; ".join(evidence), "advice": advice}
+    stage, advice = _trainer_limits(result, evidence, baseline_ips)
+    if level == LEVELS[3]:
+        advice = "run with telemetry on to name the limiting stage"
+        stage = "unknown"
+    return {"level": level, "limiting_stage": stage, "evidence": "; ".join(evidence), "advice": advice}
 
-    stage = "trainer"
-    if queue_full:
+
+def _busy(prod: dict | None) -> bool:
+    """Producers blocked in send most of their time: they could give more."""
+    return prod is not None and prod.get("send_wait_share") is not None and prod["send_wait_share"] >= SEND_WAIT_BUSY
+
+
+def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None) -> tuple[str, str]:
+    """The input limits: the producers' figures say which side of the wire (stage, advice)."""
+    prod = (result.get("telemetry") or {}).get("producers")
+    words = result.get("input") or _GENERIC
+    ips = result["images_per_sec"]["median"]
+    against = f" against {baseline_ips:.0f} img/s with on-device data" if baseline_ips else ""
+    if prod is not None and not _busy(prod):
+        evidence.append(
+            f"producers deliver {prod['images_per_sec']:.0f} img/s{against}, "
+            f"waiting to send only {100 * (prod['send_wait_share'] or 0):.0f}% of their time"
+        )
+        return "producer", "add producers (--producers) or workers (--producer-workers), or use DALI"
+    if prod is not None:
+        evidence.append(
+            f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
+            f"(send latency {prod['send_latency_ms']:.0f} ms): they could give more"
+        )
+        return "consumer", words["advice"]
+    evidence.append(f"{words['delivers_words']} {ips:.0f} img/s{against}")
+    return "input", words["input_advice"]
+
+
+def _trainer_limits(result: dict, evidence: list[str], baseline_ips: float | None) -> tuple[str, str]:
+    """The input keeps up: the trainer sets the pace, unless the input slows the steps down (stage, advice)."""
+    tel = result.get("telemetry") or {}
+    q, prod = tel.get("queue"), tel.get("producers")
+    ips = result["images_per_sec"]["median"]
+    if q is not None and q["full_share"] >= 0.5:
         evidence.append(_queue_words(q) + ": the input keeps ahead")
-    if busy:
+    if _busy(prod):
         evidence.append(
             f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
             f"(send latency {prod['send_latency_ms']:.0f} ms): the trainer sets the pace"
@@ -120,11 +126,8 @@ def verdict(path: str, result: dict, baseline_ips: float | None = None) -> dict:
         if ips < 0.8 * baseline_ips:
             # Slower than the baseline without waiting: the input's host work competes with the step.
             evidence.append("steps are slower without waiting for input: the input competes for the host CPU")
-            advice = "move input work off the trainer's cores (zmq-consume, producers on other hosts)"
-    if level == LEVELS[3]:
-        advice = "run with telemetry on to name the limiting stage"
-        stage = "unknown"
-    return {"level": level, "limiting_stage": stage, "evidence": "; ".join(evidence), "advice": advice}
+            advice = (result.get("input") or _GENERIC)["host_cpu_advice"]
+    return "trainer", advice
 
 
 def add_verdicts(results: dict[str, dict]) -> None:

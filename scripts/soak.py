@@ -23,9 +23,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.producer_group import ProducerGroup, producer_command  # noqa: E402
-from trainer.run import expected_message_size  # noqa: E402
-from trainer.tf_env import tf as _tf  # noqa: E402
+from runner.producer_group import ProducerGroup, producer_command  # noqa: E402
+from tf_trainer.run import expected_message_size  # noqa: E402
+from tf_trainer.tf_env import tf as _tf  # noqa: E402
 
 tf = _tf()
 

@@ -11,12 +11,14 @@ import psutil
 import pytest
 from tensorpack.callbacks import Callback
 
-from trainer.config import PATHS, BenchConfig, apply_defaults
-from trainer.run import InputError, run_path
-from trainer.tf_env import tf
+from core import registry
+from core.config import BenchConfig, apply_defaults
+from tf_trainer.run import InputError, run_path
+from tf_trainer.tf_env import tf
 
 tf = tf()
 pytestmark = pytest.mark.timeout(300)
+PATHS = registry.names("tf", default_run_only=True)
 
 
 def small(**kw) -> BenchConfig:
@@ -188,7 +190,7 @@ def test_real_data_producers_feed_the_run(procs, tmp_path, producer):
     made = procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4")
     assert made.wait(120) == 0
     code, out, err = run_cli(
-        procs, "--fake-location", "zmq-consume", "--input-only", "--producer", producer, "--data", str(data),
+        procs, "--fake-location", "zmq-consume", "--input-only", "--producer-kind", producer, "--data", str(data),
         "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--steps", "2", "--repeats", "1", "--producers", "1",
     )  # fmt: skip
     assert code == 0, err
@@ -196,7 +198,7 @@ def test_real_data_producers_feed_the_run(procs, tmp_path, producer):
 
 
 def test_decode_producer_without_data_is_one_clear_error(procs):
-    code, out, err = run_cli(procs, "--producer", "decode", timeout=60)
+    code, out, err = run_cli(procs, "--producer-kind", "decode", timeout=60)
     assert code == 2
     assert "--data" in err.strip().splitlines()[-1]
 

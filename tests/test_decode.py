@@ -194,7 +194,7 @@ def test_file_list_selects_files_and_labels(procs, ipc_dir, tmp_path, colours):
 
 def test_bench_decode_prints_a_table(procs, photos):
     p = procs.start(
-        "-m", "producers", "bench-decode", "--data", str(photos), "--image-size", "64", "--batch", "4",
+        "-m", "benchmarks", "bench-decode", "--data", str(photos), "--image-size", "64", "--batch", "4",
         "--batches", "1", "--repeats", "1", "--warmup", "1", "--no-dali", "--decoders", "simplejpeg", "pillow",
     )  # fmt: skip
     out, err = p.communicate(timeout=60)

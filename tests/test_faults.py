@@ -63,7 +63,7 @@ def test_a_signal_mid_run_stops_everything_and_writes_nothing(procs, tmp_path, s
     everything = descendants(run.pid)
     run.send_signal(sig)
     out, err = run.communicate(timeout=60)
-    assert run.returncode == 130, err
+    assert run.returncode == 128 + sig, err
     assert "interrupted" in err
     assert not psutil.wait_procs(everything, timeout=15)[1], "a process of the run outlived it"
     assert not list(tmp_path.iterdir()), "no result file, not even a partial one"

@@ -11,9 +11,9 @@ from tensorpack.callbacks import Callback
 from tensorpack.dataflow import DataFromList
 from tensorpack.tfutils.tower import TowerContext
 
-from models import LossScaleOptimizer, ResNet50Model, count_params, stride_layout
-from models.model_desc import IMAGENET_MEAN, IMAGENET_STD
-from trainer.tf_env import tf
+from tf_trainer.models import LossScaleOptimizer, ResNet50Model, count_params, stride_layout
+from tf_trainer.models.model_desc import IMAGENET_MEAN, IMAGENET_STD
+from tf_trainer.tf_env import tf
 
 tf = tf()
 v1 = tf.compat.v1

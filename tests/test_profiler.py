@@ -11,21 +11,23 @@ import sys
 import pytest
 from tensorflow.core.framework.step_stats_pb2 import StepStats
 
-from profiler.plot import size_px
+from core import registry
+from core.config import BenchConfig, apply_defaults
 from profiler.sweep import COLUMNS, SweepError, split_args
-from profiler.telemetry import exposed_input_us, parse_producer_progress
+from profiler.telemetry import exposed_input_us
 from profiler.verdict import add_verdicts, level_of, line, verdict
-from trainer.config import BenchConfig, apply_defaults
-from trainer.run import run_path
+from tf_trainer.run import run_path
 
 pytestmark = pytest.mark.timeout(180)
+PATHS = registry.names("tf")
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
-def result(share, queue=None, producers=None, ips=100.0) -> dict:
+def result(share, queue=None, producers=None, ips=100.0, path="python-queue") -> dict:
     return {
         "images_per_sec": {"median": ips},
         "telemetry": {"input_wait_share": share, "queue": queue, "producers": producers},
+        "input": registry.get("tf", path)(None).describe(),  # what the path says about itself, as in a run
     }
 
 
@@ -94,23 +96,16 @@ def test_exposed_input_time_counts_only_input_running_alone():
     assert (exposed, span) == (80, 200)
 
 
-def test_producer_progress_line_is_parsed():
-    text = "synthetic:  12 batch [00:01, 9.1 batch/s, 18.0 img/s, 0 MB/s, send latency 1.5 ms]\r"
-    text += "synthetic:  22 batch [00:02, 10.0 batch/s, 20.0 img/s, 0 MB/s, send latency 2.5 ms]"
-    assert parse_producer_progress(text) == {"images_per_sec": 20.0, "bytes_per_sec": 0.0, "send_latency_ms": 2.5}
-    assert parse_producer_progress("no progress here") is None
-
-
 def test_sweep_lists_are_split_from_the_other_flags():
     grid, rest = split_args(["--sweep", "--fake-location", "zmq-consume,gpu", "--num-gpus", "1,2", "--use-fp16",
-                             "false,true", "--steps", "3"])  # fmt: skip
+                             "false,true", "--steps", "3"], PATHS)  # fmt: skip
     assert grid == {"paths": ["gpu", "zmq-consume"], "num_gpus": [1, 2], "use_fp16": [False, True]}
     assert rest == ["--steps", "3", "--sweep"]
-    assert split_args(["--batch", "4"]) == (None, ["--batch", "4"])
+    assert split_args(["--batch", "4"], PATHS) == (None, ["--batch", "4"])
     with pytest.raises(SweepError, match="floppy"):
-        split_args(["--sweep", "--fake-location", "gpu,floppy"])
+        split_args(["--sweep", "--fake-location", "gpu,floppy"], PATHS)
     with pytest.raises(SweepError, match="--batch"):
-        split_args(["--sweep", "--batch", "2,0"])
+        split_args(["--sweep", "--batch", "2,0"], PATHS)
 
 
 # --- real runs ---------------------------------------------------------------------------------------
@@ -214,6 +209,6 @@ def test_sweep_writes_four_files_that_agree(tmp_path):
                 assert c[k] == str(j[k]), k
     assert rows[0]["scaling_efficiency"] == 1.0
     md = (out / "results.md").read_text()
-    assert md.count("\n| `gpu` |") == 2 and "scaling eff." in md
-    assert png_size(out / "results.png") == size_px(rows)
+    assert sum(1 for ln in md.splitlines() if ln.startswith("| `gpu` ")) == 2 and "scaling eff." in md
+    assert png_size(out / "results.png") == (1300, 450)  # 13 x 4.5 inches at 100 dpi: one row of plots
     assert doc["runs"][1]["paths"]["gpu"]["telemetry"]["trainer"]["images_per_sec"] == rows[1]["images_per_sec"]

@@ -35,9 +35,9 @@ def jpegs(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def every_path(jpegs, tmp_path_factory) -> dict:
     """One torchrun launch, two CPU ranks (gloo), training every PyTorch path in turn."""
+    from core.config import BenchConfig, apply_defaults
     from torch_trainer.launch import Nodes, launch
     from torch_trainer.run import expected_message_size
-    from trainer.config import BenchConfig, apply_defaults
 
     cfg = BenchConfig(
         paths=[p for p in PATHS if p != "spdl" or importlib.util.find_spec("spdl")],
@@ -135,7 +135,7 @@ def test_two_machines_on_loopback(procs, tmp_path):
 )
 def test_flags_without_meaning_in_pytorch_are_refused_in_one_line(procs, tmp_path, args, words):
     out_json = tmp_path / "r.json"
-    p = procs.start("bench_input.py", "--framework", "torch", *args, "--json", str(out_json))
+    p = procs.start("bench_input.py", "--framework", "torch", "--fake-location", "gpu", *args, "--json", str(out_json))
     out, err = p.communicate(timeout=120)
     assert p.returncode == 2
     errors = [ln for ln in err.splitlines() if ln.startswith("error")]
@@ -148,7 +148,7 @@ def test_flags_without_meaning_in_pytorch_are_refused_in_one_line(procs, tmp_pat
 def test_pytorch_only_path_is_refused_for_tensorflow(procs):
     p = procs.start("bench_input.py", "--fake-location", "spdl")
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 2 and "--framework torch" in err.strip().splitlines()[-1]
+    assert p.returncode == 2 and "spdl" in err.strip().splitlines()[-1]
 
 
 def test_silent_endpoint_stops_every_rank_with_one_line_and_no_json(procs, ipc_dir, tmp_path):

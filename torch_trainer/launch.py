@@ -73,7 +73,7 @@ def launch(nproc: int, nodes: Nodes, cfg_dict: dict, result_dir: str) -> tuple[i
         json.dump(cfg_dict, f)
     env = dict(os.environ, OMP_NUM_THREADS=str(cpu_threads(nproc)), PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    from trainer import shutdown
+    from runner import shutdown
 
     proc = subprocess.Popen(
         torchrun_command(nproc, nodes, config_file, result_dir),

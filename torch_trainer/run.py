@@ -20,8 +20,9 @@ import sys
 import tempfile
 import time
 
+from core.config import BenchConfig, apply_defaults
 from core.errors import ConfigError, FeedbenchError, InputError
-from trainer.config import BASELINE, BenchConfig, apply_defaults
+from core.registry import BASELINE
 
 HALF_CUDA, HALF_CPU = "float16", "bfloat16"  # --use-fp16: autocast's half type on each kind of device
 
@@ -44,26 +45,6 @@ def refuse(cfg: BenchConfig, args: argparse.Namespace, sweep: bool) -> None:
         raise ConfigError("--profile writes a TensorFlow trace; it is not available with --framework torch")
     if sweep:
         raise ConfigError("--sweep is not available with --framework torch yet; run one grid point per invocation")
-    if cfg.producer != "synthetic" and not (cfg.data and os.path.isdir(cfg.data)):
-        raise ConfigError(
-            f"--producer {cfg.producer} needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
-        )
-    if cfg.endpoint:
-        from wire.endpoints import EndpointError, check
-
-        try:
-            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
-        except EndpointError as e:
-            raise ConfigError(str(e)) from None
-
-
-def choose_paths(cfg: BenchConfig, fake_location: str | None) -> list[str]:
-    from core import registry
-
-    if fake_location is None:
-        return registry.names("torch", default_run_only=True)
-    registry.get("torch", fake_location)  # one line naming the choices if there is no such path
-    return [BASELINE] if fake_location == BASELINE else [BASELINE, fake_location]
 
 
 def describe_machine(torch_mod) -> dict:
@@ -101,45 +82,27 @@ def rank_table(results: dict[str, dict]) -> str:
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 
-def main(cfg: BenchConfig, args: argparse.Namespace, sweep: bool = False) -> int:
-    """bench_input.py --framework torch: launch the ranks on torchrun, then report. Returns the exit code."""
+def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: bool = False) -> int:
+    """bench_input.py --framework torch, after its flag checks: launch the ranks on torchrun, then report.
+
+    `check_machine(cfg, gpus)` is the CLI's own check of devices and memory.
+    """
     from torch_trainer.launch import Nodes, launch
 
-    try:
-        refuse(cfg, args, sweep)
-        nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
-        nodes.check()
-        cfg.paths = choose_paths(cfg, args.fake_location)
-        import torch
+    refuse(cfg, args, sweep)
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    nodes.check()
+    import torch
 
-        gpus = torch.cuda.device_count()
-        for note in apply_defaults(cfg, gpus):
-            print(f"note: {note}")
-        if gpus and cfg.num_gpus > gpus:
-            raise ConfigError(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
-        if not gpus and cfg.num_gpus > (os.cpu_count() or 1):
-            raise ConfigError(
-                f"--num-gpus {cfg.num_gpus}: no GPU here, and ranks on CPU are limited to the {os.cpu_count()} CPU cores"
-            )
-        from core import registry
-
-        for path in list(cfg.paths):
-            try:
-                registry.get("torch", path).validate(cfg)
-            except ConfigError as e:
-                if args.fake_location is not None:
-                    raise
-                print(f"note: skipping {path}: {e}")  # the default run goes on with the paths this machine has
-                cfg.paths.remove(path)
-    except FeedbenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+    gpus = torch.cuda.device_count()
+    for note in apply_defaults(cfg, gpus):
+        print(f"note: {note}")
+    check_machine(cfg, gpus)
     if cfg.max_msg_size is None:
         cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
 
-    from trainer import report, shutdown
+    from profiler import report
 
-    shutdown.install()
     world = cfg.num_gpus * nodes.nnodes
     kind = "GPU" if gpus else "CPU"
     half = f", AMP {HALF_CUDA if gpus else HALF_CPU}" if cfg.use_fp16 else ""
@@ -308,7 +271,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     except FeedbenchError:
         raise
     except Exception as e:  # a producer that died, a receive that timed out: one line naming the path
-        from trainer.producer_group import ProducerDied
+        from runner.producer_group import ProducerDied
 
         if isinstance(e, (ProducerDied, TimeoutError, RuntimeError)):
             raise InputError(
@@ -349,12 +312,15 @@ def _merge_stages(ranks: list[dict]) -> dict:
     return out
 
 
-def combined(cfg: BenchConfig, ranks: list[dict], amp) -> dict:
+def combined(cfg: BenchConfig, name: str, ranks: list[dict], amp) -> dict:
     """Rank 0: the path's result in the shared schema, from every rank's figures."""
     from torch_trainer.measure import combine
 
     result = combine(ranks, cfg.batch, cfg.steps)
     result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
+    from core import registry
+
+    result["input"] = registry.get("torch", name)(cfg).describe()  # the verdict's words for this path
     result["amp"] = str(amp).replace("torch.", "") if amp is not None else None
     if any("producers" in r for r in ranks):
         result["producers"] = [{"rank": r["rank"], **row} for r in ranks for row in r.get("producers", [])]
@@ -376,7 +342,7 @@ def combined(cfg: BenchConfig, ranks: list[dict], amp) -> dict:
 
 def worker(argv: list[str] | None = None) -> int:
     """One rank, as torchrun starts it: train every path of the config, gather, rank 0 writes the result."""
-    from trainer import shutdown
+    from runner import shutdown
 
     shutdown.install()  # SIGTERM from torchrun (another rank failed) stops this rank's producers too
     p = argparse.ArgumentParser(prog="python -m torch_trainer.run")
@@ -423,7 +389,7 @@ def worker(argv: list[str] | None = None) -> int:
             dist.all_gather_object(gathered, figures)
             if rank == 0:
                 amp = build_amp(cfg, device)
-                results[name] = combined(cfg, gathered, amp)
+                results[name] = combined(cfg, name, gathered, amp)
                 r = results[name]
                 print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
         if rank == 0:

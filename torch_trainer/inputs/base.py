@@ -9,7 +9,6 @@ endpoint, fed by its share of the run's producers.
 from __future__ import annotations
 
 import os
-import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -81,7 +80,9 @@ def rank_producer_ids(producers: int, rank: int, world: int) -> list[int]:
 
 
 def producers_summary(tracker, batch: int, dt: float, before: dict[int, int]) -> dict | None:
-    """Producer figures from the consumer's exact counts and the native headers' extras (as the TF telemetry)."""
+    """Producer figures from the consumer's exact counts and the native headers' extras (as the TF paths)."""
+    from profiler.telemetry import producer_figures
+
     rows = []
     for pid, pc in sorted(tracker.producers.items()):
         got = pc.received - before.get(pid, 0)
@@ -94,17 +95,7 @@ def producers_summary(tracker, batch: int, dt: float, before: dict[int, int]) ->
                     "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
                 }
             )
-    if not rows:
-        return None
-    shares = [r["send_latency_ms"] / 1e3 * r["images_per_sec"] / batch for r in rows if r["images_per_sec"] > 0]
-    return {
-        "source": "consumer counts + native headers",
-        "count": len(rows),
-        "images_per_sec": sum(r["images_per_sec"] for r in rows),
-        "send_latency_ms": statistics.mean(r["send_latency_ms"] for r in rows),
-        "send_wait_share": min(1.0, statistics.mean(shares)) if shares else None,
-        "per_producer": rows,
-    }
+    return producer_figures(rows, batch, "consumer counts + native headers")
 
 
 def cpu_threads(local_world: int) -> int:
@@ -112,7 +103,7 @@ def cpu_threads(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_world))
 
 
-def start_producers(cfg: Any, endpoints: list[str], ids: list[int]):
+def start_producers(cfg: Any, endpoints: list[str], ids: list[int], folder: str):
     """Start this rank's producers, producer k pushing to endpoints[k % len(endpoints)]; None with --endpoint.
 
     The run binds, producers connect: the same producer processes and flags as the TensorFlow trainer.
@@ -120,11 +111,12 @@ def start_producers(cfg: Any, endpoints: list[str], ids: list[int]):
     if cfg.endpoint:
         print(f"  waiting for external producers to connect to {', '.join(endpoints)}", flush=True)
         return None
-    from trainer.producer_group import ProducerGroup, producer_command
+    from runner.producer_group import ProducerGroup, producer_command
 
+    stats = [os.path.join(folder, f"producer-{pid}.json") for pid in ids]  # each producer's own figures
     cmds = [
         producer_command(
-            cfg.producer,
+            cfg.producer_kind,
             endpoints[k % len(endpoints)],
             pid,
             cfg.batch,
@@ -135,10 +127,12 @@ def start_producers(cfg: Any, endpoints: list[str], ids: list[int]):
             data=cfg.data,
             curve_keys=cfg.curve_keys,
             rate=cfg.producer_rate,
+            stats_file=stats[k],
+            dali_threads=cfg.dali_threads,
         )
         for k, pid in enumerate(ids)
     ]
-    return ProducerGroup(cmds, ", ".join(endpoints)).start()
+    return ProducerGroup(cmds, ", ".join(endpoints), stats).start()
 
 
 class ProducerFed(TorchInputPath):
@@ -149,7 +143,20 @@ class ProducerFed(TorchInputPath):
 
     def start(self, endpoints: list[str]) -> None:
         ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
-        self.group = start_producers(self.cfg, endpoints, ids)
+        self.group = start_producers(self.cfg, endpoints, ids, self.ctx.tmpdir)
+
+    def producer_stats(self) -> dict | None:
+        """The producers' own figures (their --stats-file), where the consumer sees no headers."""
+        from profiler.telemetry import producer_figures
+
+        if self.group is None:
+            return None
+        rows = [
+            {"producer": i, "images_per_sec": s["images_per_sec"], "send_latency_ms": s["send_latency_ms"]}
+            for i, s in enumerate(self.group.stats())
+            if s is not None
+        ]
+        return producer_figures(rows, self.cfg.batch, "producer stats files")
 
     def check(self) -> None:
         if self.group is None:

@@ -24,7 +24,7 @@ class Dali(TorchInputPath):
     summary: ClassVar[str] = "DALI's PyTorch iterator decodes the JPEG folder in the trainer (CPU mode without a GPU)"
     order: ClassVar[int] = 50
     in_default_run: ClassVar[bool] = False
-    advice: ClassVar[str] = "more DALI threads (--producer-workers), or decode on the GPU"
+    advice: ClassVar[str] = "more DALI threads (--dali-threads), or decode on the GPU"
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
@@ -54,7 +54,7 @@ class Dali(TorchInputPath):
             cfg.batch,
             cfg.image_size,
             device="gpu" if gpu else "cpu",
-            num_threads=max(1, cfg.producer_workers),
+            num_threads=cfg.dali_threads,
             shard_id=ctx.rank,
             num_shards=ctx.world,
             device_id=(ctx.device.index or 0) if gpu else 0,

@@ -2,7 +2,7 @@
 
 SPDL (Meta's Scalable and Performant Data Loading) runs each stage of a
 pipeline on a thread pool with its own concurrency: here list -> read and
-decode (`--producer-workers` at once) -> batch, then the pinned-memory,
+decode (`--dali-threads` at once) -> batch, then the pinned-memory,
 side-stream feeder of python-queue. The decode is feedbench's own
 (simplejpeg with the same random-resized crop and flip as the decode
 producer): spdl.io's FFmpeg decoders need FFmpeg's shared libraries, which
@@ -32,7 +32,7 @@ class Spdl(TorchInputPath):
     summary: ClassVar[str] = "SPDL's pipeline decodes the JPEG folder in the trainer (reference loader)"
     order: ClassVar[int] = 60
     in_default_run: ClassVar[bool] = False
-    advice: ClassVar[str] = "raise the decode concurrency (--producer-workers), or decode in producers on other cores"
+    advice: ClassVar[str] = "raise the decode concurrency (--dali-threads), or decode in producers on other cores"
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
@@ -72,7 +72,7 @@ class Spdl(TorchInputPath):
         def collate(items: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
             return [np.stack([im for im, _ in items]), np.array([lb for _, lb in items], np.int32)]
 
-        threads = max(1, cfg.producer_workers)
+        threads = max(1, cfg.dali_threads)
         self.pipeline = (
             PipelineBuilder()
             .add_source(indices())
@@ -93,7 +93,7 @@ class Spdl(TorchInputPath):
         return images, labels_of(labels)
 
     def stage_figures(self) -> dict[str, dict]:
-        return {"decoder": {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.producer_workers)}}
+        return {"decoder": {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.dali_threads)}}
 
     def accounting(self) -> dict:
         return {"batches_pulled": self.feeder.batches}

@@ -125,6 +125,7 @@ class ZmqConsume(ProducerFed):
         _, n, nbytes = self.receiver.stats()
         self._w1 = (time.perf_counter(), n, nbytes)
         self._final = self.receiver.stats()
+        self._producers = self.producer_stats()
 
     def stage_figures(self) -> dict[str, dict]:
         if not hasattr(self, "_w1"):
@@ -139,7 +140,7 @@ class ZmqConsume(ProducerFed):
             "recv_wait_ms_mean": None,
             "source": "native receiver counters",
         }
-        return {"wire": wire}
+        return {"wire": wire, "producers": self._producers}
 
     def accounting(self) -> dict:
         if not hasattr(self, "_final"):

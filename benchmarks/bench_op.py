@@ -1,6 +1,6 @@
 """Input-only throughput of the zmq_ops op, next to the Python ways of feeding TensorFlow.
 
-    python -m zmq_ops.bench [--steps 50] [--repeats 5] [--transports ipc,tcp]
+    python -m benchmarks.bench_op [--steps 50] [--repeats 5] [--transports ipc,tcp]
 
 A real producer process (`python -m producers synthetic`) pushes batches of
 64x224x224x3 uint8 images and int32 labels; the consumer (this process)
@@ -43,6 +43,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 
 import zmq_ops  # noqa: E402
+from benchmarks.memcpy import memcpy_bandwidth  # noqa: E402
 from wire import message  # noqa: E402
 from wire.endpoints import free_tcp_port  # noqa: E402
 
@@ -92,16 +93,8 @@ class Row:
 
 
 def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 7) -> float:
-    """Single-core memcpy bandwidth (bytes copied per second), median of repeats."""
-    src = np.ones(nbytes, np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # fault the pages in
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t)
-    return nbytes / statistics.median(times) / 1e9
+    """Single-core memcpy bandwidth in GB/s, median of repeats (the same reference as bench_wire)."""
+    return memcpy_bandwidth(nbytes, repeats).median / 1e9
 
 
 @contextmanager
@@ -145,7 +138,7 @@ def producer(ep: str, fmt: str, cfg: Config) -> Iterator[None]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if project_producer_works():
         args = ["-m", "producers", "synthetic", "--endpoint", ep, "--batch", str(cfg.batch), "--image-size",
-                str(cfg.image_size), "--format", fmt, "--quiet", "--hwm", "4"]  # fmt: skip
+                str(cfg.image_size), "--wire-format", fmt, "--quiet", "--hwm", "4"]  # fmt: skip
     else:
         args = ["-c", PRIVATE_SENDER, ep, fmt, str(cfg.batch), str(cfg.image_size)]
     proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, start_new_session=True)
@@ -343,7 +336,7 @@ def median_gbps(rows: list[Row], path: str, transport: str, fmt: str, cfg: Confi
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zmq_ops.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_op", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=50, help="batches per timed repeat")

@@ -1,4 +1,4 @@
-"""`python -m producers bench-wire`: how fast batches cross the wire, Python to Python.
+"""`python -m benchmarks bench-wire`: how fast batches cross the wire, Python to Python.
 
 A real producer process pushes 64x224x224x3 uint8 batches; a Python
 PullConsumer in this process receives them. Each transport and format is
@@ -17,8 +17,8 @@ import time
 
 from tabulate import tabulate
 
+from benchmarks.memcpy import memcpy_bandwidth
 from consumers.zmq_pull import PullConsumer
-from profiler.reference import memcpy_bandwidth
 from profiler.summary import Summary
 from wire.endpoints import free_tcp_port
 
@@ -27,7 +27,7 @@ def start_producer(
     endpoint: str, fmt: str, count: int, batch: int, image_size: int, workers: int = 1
 ) -> subprocess.Popen:
     """A real `python -m producers synthetic` process pushing to `endpoint`."""
-    cmd = [sys.executable, "-m", "producers", "synthetic", "--endpoint", endpoint, "--format", fmt]
+    cmd = [sys.executable, "-m", "producers", "synthetic", "--endpoint", endpoint, "--wire-format", fmt]
     cmd += ["--count", str(count), "--batch", str(batch), "--image-size", str(image_size)]
     cmd += ["--workers", str(workers), "--quiet", "--give-up-after", "30"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

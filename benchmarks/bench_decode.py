@@ -1,4 +1,4 @@
-"""`python -m producers bench-decode`: images/s per core of the Python decode producer and of DALI on CPU.
+"""`python -m benchmarks bench-decode`: images/s per core of the Python decode producer and of DALI on CPU.
 
 Both run in this process on the same files, with the same output size and
 the same augmentation (random-resized crop, random flip), one core each: one
@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from tabulate import tabulate
 
+from core.cli_types import positive_int
 from producers.decode import DECODERS, DEFAULT_DECODER, DatasetError, DecodeSource, list_images
 from profiler.summary import Summary
 
@@ -92,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from producers.cli import positive_int
-
     p = sub.add_parser("bench-decode", help="benchmark decoding: Python decode producer vs DALI on CPU, per core")
     p.add_argument("--data", required=True, metavar="DIR", help="ImageNet-layout folder (see make-dataset)")
     p.add_argument("--list", metavar="FILE", help="use only these files: lines of 'relative/path [label]'")

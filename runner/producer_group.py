@@ -7,28 +7,33 @@ handlers alike, so no producer outlives the run.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import signal
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from core.errors import ConfigError, InputError
 from producers import commands
-from trainer import shutdown
+from runner import shutdown
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class ProducerDied(RuntimeError):
+class ProducerDied(InputError):
     """A producer exited while the run still needed it."""
 
 
 class ProducerGroup:
     """N producer processes pushing to one endpoint that the run's consumer binds."""
 
-    def __init__(self, commands: list[list[str]], endpoint: str) -> None:
+    def __init__(self, commands: list[list[str]], endpoint: str, stats_files: list[str | None] | None = None) -> None:
         self.commands = commands
         self.endpoint = endpoint
+        self.stats_files = stats_files or [None] * len(commands)
         self.procs: list[subprocess.Popen] = []
         self._logs: list = []
 
@@ -68,11 +73,16 @@ class ProducerGroup:
         errors = [ln for ln in lines if ln.startswith("error")]
         return (errors or lines or [""])[-1]
 
-    def log_text(self, i: int) -> str:
-        """Everything producer i has written to stderr so far (its progress lines, if not --quiet)."""
-        # pread leaves the shared file offset alone: the producer keeps appending where it was.
-        fd = self._logs[i].fileno()
-        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+    def stats(self) -> list[dict | None]:
+        """Each producer's latest figures from its --stats-file (None where none was written yet)."""
+        out = []
+        for path in self.stats_files:
+            try:
+                with open(path) as f:
+                    out.append(json.load(f))
+            except (TypeError, OSError, ValueError):
+                out.append(None)
+        return out
 
     def stop(self, timeout: float = 10.0) -> None:
         shutdown.unregister(self.stop)
@@ -115,18 +125,67 @@ def producer_command(
     data: str | None = None,
     curve_keys: str | None = None,
     rate: float | None = None,
-    quiet: bool = True,
+    stats_file: str | None = None,
+    dali_threads: int = 1,
 ) -> list[str]:
     """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
-    `rate` caps each worker's images/s; `quiet=False` keeps the producer's progress
-    line (its own counters), which the profiler reads from the log on zmq-consume.
+    `rate` caps each worker's images/s; `stats_file` is where the producer writes
+    its own figures once a second (the profiler reads them on zmq-consume).
     """
     extra = ["--hwm", str(hwm), "--producer-id", str(producer_id)]
     if rate:
         extra += ["--rate", f"{rate:g}"]
     if curve_keys:
         extra += ["--curve-keys", curve_keys]
+    if stats_file:
+        extra += ["--stats-file", stats_file]
+    if kind == "dali":
+        extra += ["--dali-threads", str(dali_threads)]
     return commands.producer_command(
-        kind, endpoint, batch, image_size, data=data, workers=workers, fmt=fmt, quiet=quiet, extra=extra
+        kind, endpoint, batch, image_size, data=data, workers=workers, fmt=fmt, quiet=True, extra=extra
     )
+
+
+def start_producers(cfg: Any, endpoint: str, folder: str) -> ProducerGroup:
+    """Start the run's `cfg.producers` producers of `cfg.producer_kind`; their stats files go in `folder`."""
+    stats = [os.path.join(folder, f"producer-{i}.json") for i in range(cfg.producers)]
+    cmds = [
+        producer_command(
+            cfg.producer_kind,
+            endpoint,
+            1000 * i,
+            cfg.batch,
+            cfg.image_size,
+            cfg.wire_format,
+            cfg.producer_workers,
+            cfg.hwm,
+            data=cfg.data,
+            curve_keys=cfg.curve_keys,
+            rate=cfg.producer_rate,
+            stats_file=stats[i],
+            dali_threads=cfg.dali_threads,
+        )
+        for i in range(cfg.producers)
+    ]
+    return ProducerGroup(cmds, endpoint, stats).start()
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def check_producer_flags(cfg: Any) -> None:
+    """Refuse producer flags that cannot work (ConfigError), before anything starts."""
+    if cfg.producer_kind != "synthetic":
+        if not cfg.data:
+            raise ConfigError(
+                f"--producer-kind {cfg.producer_kind} needs --data DIR (make one: python -m producers make-dataset DIR)"
+            )
+        if not os.path.isdir(cfg.data):
+            raise ConfigError(f"--data {cfg.data}: no such folder")
+        if cfg.producer_kind == "dali" and not _importable("nvidia.dali"):
+            raise ConfigError("--producer-kind dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")

@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-PATHS = ("gpu", "cpu", "python-queue", "python-dataset", "zmq-consume")  # the default comparison
-# Paths run only when asked for: `dali` needs a JPEG folder (--data) and DALI's TensorFlow plugin.
-ALL_PATHS = (*PATHS, "dali")
-PRODUCER_PATHS = ("python-queue", "python-dataset", "zmq-consume")
-BASELINE = "gpu"
+from core.registry import BASELINE
+
+__all__ = ["BASELINE", "BenchConfig", "CPU_DEFAULTS", "GPU_DEFAULTS", "apply_defaults"]
 
 # The DLPerf / tf_cnn_benchmarks defaults, for a machine with GPUs.
 GPU_DEFAULTS = {"image_size": 224, "batch": 64, "warmup_steps": 20, "steps": 100, "repeats": 7}
@@ -21,7 +19,7 @@ CPU_DEFAULTS = {"image_size": 64, "batch": 4, "warmup_steps": 2, "steps": 4, "re
 class BenchConfig:
     """Everything that defines one run; `None` means "use the machine's default"."""
 
-    paths: list[str] = field(default_factory=lambda: list(PATHS))
+    paths: list[str] = field(default_factory=list)  # input path names (the CLI fills in the registry's default run)
     num_gpus: int | None = None
     batch: int | None = None  # per device
     image_size: int | None = None
@@ -37,7 +35,8 @@ class BenchConfig:
     input_only: bool = False
     producers: int = 2
     producer_workers: int = 1
-    producer: str = "synthetic"
+    producer_kind: str = "synthetic"  # synthetic, decode or dali
+    dali_threads: int = 1  # threads of the in-process DALI pipeline (the dali path)
     data: str | None = None
     wire_format: str = "native"
     endpoint: str | None = None  # an external producer's endpoint (the run binds it and waits)
@@ -49,7 +48,7 @@ class BenchConfig:
     max_msg_size: int | None = None
     json_path: str | None = None
     telemetry: bool = True  # per-stage telemetry and a verdict (--no-telemetry to compare its overhead)
-    telemetry_every: int = 4  # trace every n-th measured step for input wait (profiler/telemetry.py)
+    telemetry_every: int = 4  # trace every n-th measured step for input wait (tf_trainer/telemetry.py)
     producer_rate: float | None = None  # cap each producer worker at this many images/s (a slow loader)
     profile_dir: str | None = None  # --profile: TensorFlow profiler trace + Chrome timeline per path
     shrunk: dict[str, tuple] = field(default_factory=dict)

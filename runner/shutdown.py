@@ -19,6 +19,7 @@ from collections.abc import Callable
 SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _cleanups: list[Callable[[], None]] = []
 _lock = threading.Lock()
+_installed = False
 
 
 def register(fn: Callable[[], None]) -> None:
@@ -51,12 +52,23 @@ def _watch() -> None:
         flush=True,
     )
     run_cleanups()
-    os._exit(130)
+    os._exit(128 + sig)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them
 
 
 def install() -> None:
-    """Call from the main thread before any other thread starts (threads inherit the mask)."""
+    """Call from the main thread first thing, before any import that starts threads (TensorFlow, matplotlib).
+
+    Threads inherit the blocked mask, so only the watcher takes the signals. A
+    signal the run was started with ignored (SIGINT under `nohup` or `cmd &`)
+    is taken too: an ignored signal would be dropped even while blocked.
+    """
+    global _installed
+    if _installed:
+        return
+    _installed = True
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
     threading.Thread(target=_watch, name="feedbench-shutdown", daemon=True).start()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 
 def gpu_count() -> int:

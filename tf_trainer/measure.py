@@ -13,13 +13,14 @@ import time
 import numpy as np
 from tensorpack.callbacks import Callback
 
+from profiler.progress import RunProgress
 from profiler.summary import Summary
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 tf = tf()
 
 
-COST_COLLECTION = "feedbench_cost"  # the first tower's loss, put there by trainer.run
+COST_COLLECTION = "feedbench_cost"  # the first tower's loss, put there by tf_trainer.run
 
 
 class StepTimer(Callback):
@@ -68,3 +69,19 @@ def summarize(timer: StepTimer, warmup: int, steps: int, repeats: int, images_pe
         "loss_finite": all(math.isfinite(x) for x in losses),
         "steps_run": len(timer.ends),
     }
+
+
+class Progress(Callback):
+    """The run's progress bar (profiler/progress.py), stepped by the training loop."""
+
+    def __init__(self, progress: RunProgress) -> None:
+        self.progress = progress
+
+    def _before_train(self) -> None:
+        self.progress.begin()
+
+    def _trigger_step(self) -> None:
+        self.progress.step()
+
+    def _after_train(self) -> None:
+        self.progress.end()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tensorpack import ModelDesc
 
-from trainer.tf_env import tf
+from tf_trainer.tf_env import tf
 
 tf = tf()
 

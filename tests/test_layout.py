@@ -1,0 +1,100 @@
+"""The layout's promises: a framework-neutral core, no import cycles, the two ends of the wire apart."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NEUTRAL = ("core", "wire", "producers", "consumers", "profiler", "runner", "benchmarks")
+# Benchmarks of the TensorFlow op itself import TensorFlow by definition.
+FRAMEWORK_BENCHMARKS = {"benchmarks.bench_op"}
+PACKAGES = (*NEUTRAL, "tf_trainer", "zmq_ops")
+
+
+def modules(packages) -> list[str]:
+    out = []
+    for pkg in packages:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            rel = f.relative_to(ROOT).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            out.append(".".join(parts))
+    return out
+
+
+def test_the_neutral_packages_import_neither_tensorflow_nor_torch():
+    names = [m for m in modules(NEUTRAL) if m not in FRAMEWORK_BENCHMARKS and not m.endswith("__main__")]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {names!r}:\n"
+        "    importlib.import_module(m)\n"
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'torch', 'tensorpack'})\n"
+        "print(' '.join(bad))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "", f"a neutral module imports {p.stdout.strip()}"
+    assert len(names) > 30
+
+
+def imports_of(module: str) -> set[str]:
+    """Project modules `module` imports anywhere in its file (inside functions too: a hidden cycle is a cycle)."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = ROOT / module.replace(".", "/") / "__init__.py"
+    known = set(modules(PACKAGES)) | {"bench_input"}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from pkg import mod` imports pkg.mod; `from pkg import name` imports pkg itself.
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+            ]
+        found |= {n for n in names if n in known and n != module}
+    return found
+
+
+def test_project_modules_import_each_other_without_cycles():
+    graph = {m: imports_of(m) for m in [*modules(PACKAGES), "bench_input"]}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n) :] + [n]))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_two_ends_of_the_wire_do_not_import_each_other():
+    for a, b in (("consumers", "producers"), ("producers", "consumers")):
+        for m in modules([a]):
+            bad = [n for n in imports_of_any(m) if n == b or n.startswith(b + ".")]
+            assert not bad, f"{m} imports {bad}"
+
+
+def imports_of_any(module: str) -> set[str]:
+    path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = ROOT / module.replace(".", "/") / "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out

@@ -1,0 +1,119 @@
+"""What the two Python paths share: a PULL socket read in Python (consumers.zmq_pull), as a tensorpack DataFlow.
+
+Both pay for Python and the GIL on every batch, which is what they are here
+to measure against the native op. The socket binds in `open`, before the
+run's producers start, and its counters give the wire's and the producers'
+figures (sequence numbers and the native header's extras).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+from tensorpack.dataflow import DataFlow
+
+from consumers.zmq_pull import PullConsumer, ReceiveTimeout
+from profiler.telemetry import producer_figures
+from tf_trainer.inputs.base import TFInputPath
+from wire.errors import WireError
+
+
+class PullFlow(DataFlow):
+    """A tensorpack DataFlow over a PullConsumer; remembers why it stopped, in one line."""
+
+    def __init__(self, consumer: PullConsumer) -> None:
+        self.consumer = consumer
+        self.error: str | None = None  # what ended the stream (a timeout, a malformed message)
+
+    def __iter__(self) -> Iterator[list[np.ndarray]]:
+        while True:
+            try:
+                batch = self.consumer.recv()
+            except ReceiveTimeout:
+                self.error = f"no batch within {self.consumer.recv_timeout:g} s"
+                raise
+            except WireError as e:
+                self.error = str(e)
+                raise
+            yield batch.arrays
+
+
+class PythonPull(TFInputPath):
+    """Base of the Python paths (not registered itself): the socket, its counters, its accounting."""
+
+    needs_producers = True
+
+    def __init__(self, cfg, endpoint: str | None = None) -> None:
+        super().__init__(cfg, endpoint)
+        self.consumer: PullConsumer | None = None
+        self.flow: PullFlow | None = None
+
+    def open(self) -> None:
+        if self.consumer is None:
+            c = self.cfg
+            self.consumer = PullConsumer(
+                self.endpoint,
+                bind=True,
+                hwm=c.hwm,
+                recv_timeout=c.recv_timeout,
+                max_msg_size=c.max_msg_size,
+                allow_remote=c.allow_remote,
+                curve_keys=c.curve_keys,
+            )
+            if self.flow is not None:
+                self.flow.consumer = self.consumer
+
+    def dataflow(self) -> PullFlow:
+        """The flow the graph reads; its consumer is set by `open`, before the session runs."""
+        self.flow = PullFlow(None)
+        return self.flow
+
+    def counters(self, session) -> dict | None:
+        c = self.consumer
+        if c is None:
+            return None
+        return {
+            "time": time.perf_counter(),
+            "messages": c.batches,
+            "bytes": c.bytes,
+            "latency_s": c.latency_s,
+            "wait_s": c.wait_s,
+            "received": {pid: pc.received for pid, pc in c.tracker.producers.items()},
+            "source": "consumer counters",
+        }
+
+    def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:
+        """Delivered rate per producer over the measured steps (exact, consumer side), and the
+        producer's own send latency over its last second (native header extras)."""
+        c = self.consumer
+        if c is None or not c.tracker.producers or window is None:
+            return super().producer_figures(window)
+        w0, w1 = window
+        dt = w1["time"] - w0["time"]
+        rows = []
+        for pid, pc in sorted(c.tracker.producers.items()):
+            got = w1["received"].get(pid, 0) - w0["received"].get(pid, 0)
+            if dt > 0 and got > 0:
+                rows.append(
+                    {
+                        "producer": pid,
+                        "images_per_sec": got * self.cfg.batch / dt,
+                        "make_images_per_sec": float(pc.extras.get("make_images_per_sec", 0.0)),
+                        "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
+                    }
+                )
+        return producer_figures(rows, self.cfg.batch, "consumer counts + native headers")
+
+    def result_fields(self) -> dict:
+        # Per producer, from sequence numbers: what arrived, what went missing or came twice.
+        return {"producers": self.consumer.tracker.table()} if self.consumer is not None else {}
+
+    def failure(self) -> str | None:
+        return self.flow.error if self.flow is not None else None
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None

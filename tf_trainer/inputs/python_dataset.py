@@ -1,0 +1,34 @@
+"""`python-dataset`: tf.data's from_generator over the same Python puller, prefetched."""
+
+from __future__ import annotations
+
+from tensorpack.input_source import InputSource, TFDatasetInput
+
+from core.registry import register
+from tf_trainer.inputs.pull import PythonPull
+from tf_trainer.tf_env import tf
+
+tf = tf()
+
+PREFETCH = 2
+
+
+@register
+class PythonDataset(PythonPull):
+    name = "python-dataset"
+    summary = "pyzmq inside tf.data's from_generator, prefetched"
+    order = 30
+    advice = "the Python generator limits: use zmq-consume (the native op)"
+    input_op_types = frozenset({"IteratorGetNext"})
+
+    def input_source(self, specs: list, has_gpu: bool) -> InputSource:
+        flow = self.dataflow()
+
+        def gen():
+            for arrays in flow:
+                yield tuple(arrays)
+
+        ds = tf.data.Dataset.from_generator(
+            gen, output_types=tuple(s.dtype for s in specs), output_shapes=tuple(s.shape for s in specs)
+        )
+        return TFDatasetInput(ds.prefetch(PREFETCH))
