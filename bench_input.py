@@ -108,7 +108,7 @@ def parse_args(argv: list[str], paths: dict):
     g.add_argument(
         "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
     )
-    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the Python paths' streams (CURVE)")
+    g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     g = p.add_argument_group("several machines (--framework torch, on torchrun)")
     g.add_argument("--nnodes", type=positive_int, default=1, help="machines in the run, each running --num-gpus ranks")
@@ -174,7 +174,7 @@ def validate(cfg, paths: dict) -> None:
         paths[name].validate(cfg)
     if cfg.endpoint:
         try:
-            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote)
+            check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote, secured=bool(cfg.curve_keys))
         except EndpointError as e:
             raise ConfigError(str(e)) from None
 

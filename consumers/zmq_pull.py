@@ -52,7 +52,7 @@ class PullConsumer:
         try:
             if curve_keys:
                 self._auth = curve.secure(self._sock, curve_keys, server=bind)
-            attach(self._sock, endpoint, bind, allow_remote)
+            attach(self._sock, endpoint, bind, allow_remote, secured=bool(curve_keys))
         except BaseException:
             self.close()
             raise

@@ -150,7 +150,7 @@ def run(
     try:
         if cfg.curve_keys:
             auth = curve.secure(sock, cfg.curve_keys, server=cfg.bind)
-        attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote)
+        attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote, secured=bool(cfg.curve_keys))
         on_ready()
         batches = source(worker)
         # A source may report counters of its own (e.g. bad files skipped) in each header.

@@ -25,7 +25,7 @@ import pytest
 import zmq
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-zmq_ops = pytest.importorskip("zmq_ops", reason="zmq_ops op not built (run `make op`)")
+zmq_ops = pytest.importorskip("zmq_ops.tf_op", reason="zmq_ops op not built (run `make op`)")
 import tensorflow as tf  # noqa: E402
 
 from wire import message  # noqa: E402
@@ -576,11 +576,15 @@ def test_build_without_libzmq_headers_says_how_to_install(monkeypatch: pytest.Mo
 def test_import_without_the_library_says_to_run_make_op(tmp_path: Path) -> None:
     pkg = tmp_path / "zmq_ops"
     pkg.mkdir()
-    for name in ("__init__.py", "build.py"):
+    for name in ("__init__.py", "build.py", "tf_op.py"):
         shutil.copy(ROOT / "zmq_ops" / name, pkg / name)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     proc = subprocess.run(
-        [sys.executable, "-c", "import zmq_ops"], env=env, cwd=tmp_path, capture_output=True, text=True
+        [sys.executable, "-c", "import zmq_ops; zmq_ops.ZMQPullSocket"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode != 0
     assert "ImportError" in proc.stderr and "make op" in proc.stderr

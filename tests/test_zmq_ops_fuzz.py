@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("zmq_ops", reason="zmq_ops op not built (run `make op`)")
+pytest.importorskip("zmq_ops.tf_op", reason="zmq_ops op not built (run `make op`)")
 
 ROOT = Path(__file__).resolve().parent.parent
 

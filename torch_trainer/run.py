@@ -283,6 +283,11 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     return figures
 
 
+def _mean_known(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
 def _merge_stages(ranks: list[dict]) -> dict:
     """The telemetry stages of all ranks as one: queue figures averaged, wire and producer rates summed."""
     out: dict = {"queue": None, "staging": None, "wire": None, "producers": None}
@@ -294,8 +299,8 @@ def _merge_stages(ranks: list[dict]) -> dict:
         out["wire"] = {
             "messages_per_sec": sum(w["messages_per_sec"] for w in ws),
             "bytes_per_sec": sum(w["bytes_per_sec"] for w in ws),
-            "latency_ms_mean": sum(w["latency_ms_mean"] or 0 for w in ws) / len(ws),
-            "recv_wait_ms_mean": sum(w["recv_wait_ms_mean"] or 0 for w in ws) / len(ws),
+            "latency_ms_mean": _mean_known(w["latency_ms_mean"] for w in ws),
+            "recv_wait_ms_mean": _mean_known(w["recv_wait_ms_mean"] for w in ws),
             "source": ws[0]["source"],
         }
     ps = [r["stages"]["producers"] for r in ranks if r["stages"].get("producers")]

@@ -44,11 +44,12 @@ def split(endpoint: str) -> tuple[str, str]:
     return scheme, addr
 
 
-def check(endpoint: str, bind: bool, allow_remote: bool = False) -> str:
+def check(endpoint: str, bind: bool, allow_remote: bool = False, secured: bool = False) -> str:
     """Validate an endpoint for binding or connecting; returns it unchanged.
 
     Binding a TCP endpoint on anything but loopback needs `allow_remote`,
-    and then prints a warning, because nothing on the stream is authenticated.
+    and then prints a warning, because nothing on the stream is authenticated,
+    unless the socket is `secured` with CURVE keys (wire/curve.py).
     """
     scheme, addr = split(endpoint)
     if scheme == "tcp":
@@ -58,7 +59,7 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False) -> str:
         if port != "*":
             if not port.isdigit() or not 0 < int(port) < 65536:
                 raise EndpointError(f"endpoint {endpoint!r}: port {port!r} is not a number in 1..65535")
-        if bind and not _is_loopback(host):
+        if bind and not secured and not _is_loopback(host):
             if not allow_remote:
                 raise EndpointError(
                     f"endpoint {endpoint!r}: binding to a non-loopback address exposes an "
@@ -78,9 +79,9 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False) -> str:
     return endpoint
 
 
-def attach(sock: zmq.Socket, endpoint: str, bind: bool, allow_remote: bool = False) -> None:
+def attach(sock: zmq.Socket, endpoint: str, bind: bool, allow_remote: bool = False, secured: bool = False) -> None:
     """Bind or connect `sock`, turning ZMQ's errors into ones that name the endpoint."""
-    check(endpoint, bind, allow_remote)
+    check(endpoint, bind, allow_remote, secured)
     try:
         if bind:
             sock.bind(endpoint)

@@ -1,4 +1,4 @@
-"""Build the zmq_ops op library against the TensorFlow installed in this environment.
+"""Build the zmq_ops op library (against the installed TensorFlow) and the TF-free receiver.
 
 A TensorFlow op library must be compiled with the very TensorFlow that loads
 it (same headers, same C++ ABI), so it is built on the user's machine rather
@@ -8,6 +8,12 @@ imported by setup.py's build_ext; it never imports the zmq_ops package itself.
 The build is incremental: it is skipped when the library is newer than every
 source and was built for the installed TensorFlow version (the version is
 stamped into the library, so no extra file is needed to remember it).
+
+`--receiver` builds the receiver library instead (zmq_ops/receiver.py loads
+it with ctypes): the same receive core without TensorFlow, for PyTorch and
+anything else. It links the system libzmq when its headers are installed,
+else the libzmq that the pyzmq wheel bundles (with a small copy of the
+declarations it needs, src/compat/zmq.h), so it builds where only pyzmq is.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SRC = HERE / "src"
 LIBRARY = HERE / ("_zmq_ops" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+RECEIVER = HERE / "libfeedbench_receiver.so"
+CORE_SOURCES = ("wire_decode.cc", "zmq_core.cc")
+OP_SOURCES = (*CORE_SOURCES, "zmq_connection.cc", "zmq_ops.cc")
+RECEIVER_SOURCES = (*CORE_SOURCES, "receiver.cc")
 STAMP_MARK = b"feedbench-zmq-ops-stamp:"
 ZMQ_HEADER = Path("/usr/include/zmq.h")
 NO_ZMQ = "libzmq headers not found: install them with `sudo apt-get install libzmq3-dev`"
@@ -43,8 +53,8 @@ def library_path() -> Path:
     return LIBRARY
 
 
-def _sources() -> list[Path]:
-    return sorted([*SRC.glob("*.cc"), *SRC.glob("*.h")])
+def _sources(names: tuple[str, ...] = OP_SOURCES) -> list[Path]:
+    return sorted([*(SRC / n for n in names if (SRC / n).exists()), *SRC.glob("*.h")])
 
 
 def _installed_tf_version() -> str | None:
@@ -159,7 +169,7 @@ def build(force: bool = False, verbose: bool = True) -> Path:
             *zmq_cflags,
             f'-DZMQ_OPS_BUILD_STAMP="{_stamp(tf_version)}"',
         ]
-        sources = sorted(SRC.glob("*.cc"))
+        sources = [SRC / n for n in OP_SOURCES if (SRC / n).exists()]
         with tempfile.TemporaryDirectory(prefix="zmq_ops_build_") as tmp:
             objects = _compile(cxx, flags, sources, Path(tmp))
             out = Path(tmp) / LIBRARY.name
@@ -179,13 +189,73 @@ def build(force: bool = False, verbose: bool = True) -> Path:
         os.close(fd)
 
 
+def _bundled_zmq() -> tuple[list[str], list[str]]:
+    """Flags to build against the libzmq in the pyzmq wheel (pyzmq.libs/libzmq-*.so*)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("zmq")
+    if spec is None or spec.origin is None:
+        raise BuildError("neither libzmq headers nor pyzmq found: `pip install pyzmq` or `apt-get install libzmq3-dev`")
+    libs = sorted((Path(spec.origin).parent.parent / "pyzmq.libs").glob("libzmq*.so*"))
+    if not libs:
+        raise BuildError(f"pyzmq at {Path(spec.origin).parent} bundles no libzmq; install libzmq3-dev instead")
+    return [f"-I{SRC / 'compat'}"], [str(libs[0]), f"-Wl,-rpath,{libs[0].parent}"]
+
+
+def receiver_up_to_date() -> bool:
+    if not RECEIVER.exists():
+        return False
+    newest = max(p.stat().st_mtime for p in [*_sources(RECEIVER_SOURCES), Path(__file__)])
+    return RECEIVER.stat().st_mtime >= newest
+
+
+def build_receiver(force: bool = False, verbose: bool = True) -> Path:
+    """Build the TF-free receiver library if it is missing or stale, and return its path."""
+    if not force and receiver_up_to_date():
+        return RECEIVER
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        raise BuildError(f"C++ compiler {cxx!r} not found: install it with `sudo apt-get install g++`")
+    zmq_cflags, zmq_libs = _zmq_flags() if ZMQ_HEADER.exists() else _bundled_zmq()
+    fd = os.open(SRC, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not force and receiver_up_to_date():
+            return RECEIVER
+        flags = ["-std=c++17", "-O2", "-fPIC", "-Wall", "-Wno-sign-compare", "-pthread", *zmq_cflags]
+        sources = [SRC / n for n in RECEIVER_SOURCES if (SRC / n).exists()]
+        with tempfile.TemporaryDirectory(prefix="fb_receiver_build_") as tmp:
+            objects = _compile(cxx, flags, sources, Path(tmp))
+            out = Path(tmp) / RECEIVER.name
+            link = [cxx, "-shared", "-pthread", *map(str, objects), "-o", str(out), *zmq_libs, "-lrt",
+                    "-Wl,--no-undefined"]  # fmt: skip
+            proc = subprocess.run(link, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise BuildError(f"linking the receiver failed:\n{proc.stdout}{proc.stderr}".strip())
+            staged = RECEIVER.with_name(f".{RECEIVER.name}.{os.getpid()}.tmp")
+            shutil.copy2(out, staged)
+            os.replace(staged, RECEIVER)
+        if verbose:
+            print(f"zmq_ops: built {RECEIVER}", file=sys.stderr)
+        return RECEIVER
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the zmq_ops TensorFlow op library.")
+    parser = argparse.ArgumentParser(description="Build the zmq_ops TensorFlow op library (or the receiver).")
     parser.add_argument("--force", action="store_true", help="rebuild even if the library is up to date")
     parser.add_argument("--quiet", action="store_true", help="print nothing unless the build fails")
+    parser.add_argument(
+        "--receiver", action="store_true", help="build the TF-free receiver library (no TensorFlow needed)"
+    )
     args = parser.parse_args(argv)
     try:
-        path = build(force=args.force, verbose=not args.quiet)
+        if args.receiver:
+            path = build_receiver(force=args.force, verbose=not args.quiet)
+        else:
+            path = build(force=args.force, verbose=not args.quiet)
     except BuildError as e:
         print(f"zmq_ops: {e}", file=sys.stderr)
         return 1

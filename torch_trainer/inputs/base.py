@@ -142,8 +142,8 @@ class ProducerFed(TorchInputPath):
     group = None
 
     def start(self, endpoints: list[str]) -> None:
-        ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
-        self.group = start_producers(self.cfg, endpoints, ids, self.ctx.tmpdir)
+        self.producer_ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
+        self.group = start_producers(self.cfg, endpoints, self.producer_ids, self.ctx.tmpdir)
 
     def producer_stats(self) -> dict | None:
         """The producers' own figures (their --stats-file), where the consumer sees no headers."""
@@ -152,8 +152,8 @@ class ProducerFed(TorchInputPath):
         if self.group is None:
             return None
         rows = [
-            {"producer": i, "images_per_sec": s["images_per_sec"], "send_latency_ms": s["send_latency_ms"]}
-            for i, s in enumerate(self.group.stats())
+            {"producer": pid, "images_per_sec": s["images_per_sec"], "send_latency_ms": s["send_latency_ms"]}
+            for pid, s in zip(self.producer_ids, self.group.stats(), strict=True)
             if s is not None
         ]
         return producer_figures(rows, self.cfg.batch, "producer stats files")

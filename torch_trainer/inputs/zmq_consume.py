@@ -41,7 +41,11 @@ class ZmqConsume(ProducerFed):
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
-        _receiver_module()
+        rx = _receiver_module()
+        try:
+            rx.library()  # built here, once, if missing or stale: before the ranks start
+        except Exception as e:
+            raise ConfigError(f"--fake-location zmq-consume: the native receiver does not build: {e}") from None
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)

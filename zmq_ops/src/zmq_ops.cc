@@ -49,6 +49,7 @@ class ZmqConnectionOp : public tensorflow::ResourceOpKernel<ZmqConnection> {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("bind", &options_.bind));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_ms", &options_.timeout_ms));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_msg_size", &options_.max_msg_size));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("curve_keys", &options_.curve_keys_dir));
   }
 
  private:
@@ -59,7 +60,8 @@ class ZmqConnectionOp : public tensorflow::ResourceOpKernel<ZmqConnection> {
   // Two ops sharing a name must mean the same socket.
   absl::Status VerifyResource(ZmqConnection* conn) override {
     const ConnectionOptions& o = conn->options();
-    if (o.end_point != options_.end_point || o.bind != options_.bind) {
+    if (o.end_point != options_.end_point || o.bind != options_.bind ||
+        o.curve_keys_dir != options_.curve_keys_dir) {
       return errors::InvalidArgument("shared ZMQ connection ", conn->DebugString(), " cannot be reused for ",
                                      options_.end_point, options_.bind ? " (bind)" : " (connect)");
     }
@@ -148,7 +150,7 @@ class ZmqConnectionStatsOp : public OpKernel {
     ZmqConnection* conn = nullptr;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &conn));
     tensorflow::core::ScopedUnref unref(conn);
-    const auto counts = conn->ProducerCounts();
+    const auto counts = conn->core().ProducerCounts();
     Tensor* producers = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(counts.size()), 5}), &producers));
     auto rows = producers->matrix<int64_t>();
@@ -163,7 +165,7 @@ class ZmqConnectionStatsOp : public OpKernel {
     }
     Tensor* totals = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({2}), &totals));
-    conn->Totals(&totals->vec<int64_t>()(0), &totals->vec<int64_t>()(1));
+    conn->core().Totals(&totals->vec<int64_t>()(0), &totals->vec<int64_t>()(1));
   }
 };
 
@@ -181,6 +183,7 @@ REGISTER_OP("ZMQConnection")
     .Attr("bind: bool = true")
     .Attr("timeout_ms: int = -1")
     .Attr("max_msg_size: int = -1")
+    .Attr("curve_keys: string = ''")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
     .SetIsStateful()
@@ -195,6 +198,9 @@ timeout_ms: a pull that gets no message in this time fails with
   DeadlineExceeded; -1 waits forever.
 max_msg_size: ZMQ_MAXMSGSIZE, the largest frame a peer may send before it is
   disconnected; -1 is unlimited.
+curve_keys: a folder made by `python -m producers make-keys`: encrypt with
+  CURVE and, when binding, admit only producers whose public key is in it.
+  Empty: no encryption.
 )doc");
 
 REGISTER_OP("ZMQConnectionStats")

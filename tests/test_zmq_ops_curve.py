@@ -1,0 +1,119 @@
+"""CURVE in the native receive core: the op and the receiver admit producers with the folder's
+client key, refuse any other (wrong client key, another server key, no keys), and say so."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wire import curve
+from wire.endpoints import free_tcp_port
+from zmq_ops.receiver import Receiver, ReceiveTimeout
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+pytestmark = pytest.mark.skipif(not curve.available(), reason="libzmq without CURVE")
+
+BATCH, SIZE = 2, 8
+SPECS = [("uint8", (BATCH, SIZE, SIZE, 3)), ("int32", (BATCH,))]
+SMALL = ("--batch", str(BATCH), "--image-size", str(SIZE))
+
+
+def other_client_key(keys: Path, tmp: Path) -> Path:
+    """The server's keys with a client pair the server has never seen."""
+    folder = tmp / "stranger"
+    curve.make_keys(folder)
+    for name in ("server.key", "server.key_secret"):
+        shutil.copy(keys / name, folder / name)
+    return folder
+
+
+def producer_keys(kind: str, keys: Path, tmp: Path) -> tuple[str, ...]:
+    if kind == "none":
+        return ()
+    if kind == "other-client":
+        return ("--curve-keys", str(other_client_key(keys, tmp)))
+    return ("--curve-keys", str(curve.make_keys(tmp / "other")))  # another server and client
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    return curve.make_keys(tmp_path / "keys")
+
+
+@pytest.mark.timeout(120)
+def test_op_receives_from_a_producer_with_matching_keys(procs, keys: Path) -> None:
+    tf_op = pytest.importorskip("zmq_ops.tf_op", reason="zmq_ops op not built (run `make op`)")
+    tf = tf_op.tf
+    ep = f"tcp://127.0.0.1:{free_tcp_port()}"
+    graph = tf.Graph()
+    with graph.as_default():
+        sock = tf_op.ZMQPullSocket(ep, [tf.uint8, tf.int32], timeout_ms=30_000, curve_keys=str(keys))
+        pulled = sock.pull()
+        stats = sock.stats()
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(sock.handle)  # bind before the producer connects
+        procs.producer(ep, *SMALL, "--count", "3", "--curve-keys", str(keys))
+        for _ in range(3):
+            images, labels = sess.run(pulled)
+            assert images.shape == (BATCH, SIZE, SIZE, 3) and labels.shape == (BATCH,)
+        rows, _ = sess.run(stats)
+        assert rows.tolist() == [[0, 3, 0, 0, 0]]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["other-client", "other-server", "none"])
+def test_op_refuses_a_producer_without_the_right_keys_and_says_so(procs, keys: Path, tmp_path: Path, kind) -> None:
+    tf_op = pytest.importorskip("zmq_ops.tf_op", reason="zmq_ops op not built (run `make op`)")
+    tf = tf_op.tf
+    ep = f"tcp://127.0.0.1:{free_tcp_port()}"
+    graph = tf.Graph()
+    with graph.as_default():
+        sock = tf_op.ZMQPullSocket(ep, [tf.uint8, tf.int32], timeout_ms=4000, curve_keys=str(keys))
+        pulled = sock.pull()
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(sock.handle)
+        procs.producer(ep, *SMALL, "--count", "3", *producer_keys(kind, keys, tmp_path))
+        with pytest.raises(tf.errors.DeadlineExceededError, match=r"refused by CURVE authentication") as e:
+            sess.run(pulled)
+    if kind == "other-client":
+        assert "not in" in str(e.value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["match", "other-client", "none"])
+def test_receiver_admits_only_matching_keys(procs, keys: Path, tmp_path: Path, kind) -> None:
+    ep = f"tcp://127.0.0.1:{free_tcp_port()}"
+    ring = [[np.zeros(s, d) for d, s in SPECS] for _ in range(2)]
+    with Receiver(ep, SPECS, ring, timeout_ms=4000, curve_keys=keys) as r:
+        if kind == "match":
+            procs.producer(ep, *SMALL, "--count", "2", "--curve-keys", str(keys))
+            for _ in range(2):
+                r.release(r.next(timeout_ms=30_000))
+            assert r.producers() == [(0, 2, 0, 0, 0)]
+        else:
+            procs.producer(ep, *SMALL, "--count", "2", *producer_keys(kind, keys, tmp_path))
+            with pytest.raises(ReceiveTimeout, match=r"refused by CURVE authentication"):
+                r.next()
+
+
+def test_missing_or_broken_key_files_are_named(tmp_path: Path) -> None:
+    ep = f"tcp://127.0.0.1:{free_tcp_port()}"
+    ring = [[np.zeros(s, d) for d, s in SPECS]]
+    with pytest.raises(ValueError, match=r"server\.key_secret is missing .*make-keys"):
+        Receiver(ep, SPECS, ring, curve_keys=tmp_path)
+    keys = curve.make_keys(tmp_path / "k")
+    (keys / "server.key_secret").write_text('metadata\ncurve\n    public-key = "short"\n')
+    with pytest.raises(ValueError, match=r"server\.key_secret is not a valid key file"):
+        Receiver(ep, SPECS, ring, curve_keys=keys)
+
+
+def test_binding_beyond_loopback_needs_allow_remote_only_without_keys(keys: Path) -> None:
+    ring = [[np.zeros(s, d) for d, s in SPECS]]
+    ep = f"tcp://0.0.0.0:{free_tcp_port()}"
+    with pytest.raises(ValueError, match="--allow-remote"):
+        Receiver(ep, SPECS, ring)
+    Receiver(ep, SPECS, ring, curve_keys=keys).close()

@@ -1,0 +1,355 @@
+// The TF-free receiver: native threads that receive batches and write each
+// one straight into caller-provided buffers (a ring of slots), behind a small
+// C API for ctypes (zmq_ops/receiver.py).
+//
+// It reuses the op's receive core (zmq_core.h): the same socket options,
+// decoders, CURVE handling and sequence accounting. Each receive thread takes
+// a free slot, receives one message (socket order is kept by the core's
+// lock), checks it against the expected fields and copies each tensor once
+// into the slot's buffers; the caller takes ready slots with next() and gives
+// them back with release(). A malformed or mismatched batch is not written
+// anywhere: next() reports it with the field named, and the slot stays free.
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "wire_decode.h"
+#include "zmq_core.h"
+
+namespace feedbench {
+namespace {
+
+using core::Code;
+using core::Status;
+
+constexpr int64_t kSliceMs = 50;
+
+struct Field {
+  int dtype = 0;
+  std::vector<int64_t> shape;
+  size_t nbytes = 0;
+};
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t j = 0; j < shape.size(); ++j) s += (j ? ", " : "") + std::to_string(shape[j]);
+  return s + "]";
+}
+
+void CopyOut(char* dst, const char* src, size_t n, int dtype) {
+  if (n == 0) return;
+  if (dtype == 10) {  // bool: any byte other than 0 or 1 would be an invalid bool
+    for (size_t k = 0; k < n; ++k) dst[k] = src[k] != 0;
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
+class Receiver {
+ public:
+  enum SlotState { kFree, kFilling, kReady, kHeld };
+  struct Ready {
+    int slot = -1;
+    std::string error;
+  };
+
+  Receiver(const core::ConnectionOptions& options, std::vector<Field> fields, std::vector<std::vector<char*>> slots,
+           int64_t timeout_ms)
+      : conn_(options),
+        fields_(std::move(fields)),
+        slots_(std::move(slots)),
+        state_(slots_.size(), kFree),
+        timeout_ms_(timeout_ms) {
+    for (size_t i = 0; i < slots_.size(); ++i) free_.push_back(static_cast<int>(i));
+  }
+
+  ~Receiver() { Stop(); }
+
+  Status Start(int threads) {
+    FB_RETURN_IF_ERROR(conn_.Open());
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+    return Status::Ok();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    conn_.BeginClose();
+    cv_free_.notify_all();
+    cv_ready_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  // >= 0: a ready slot; -1 timeout, -2 a bad batch, -3 closed; `err` says why.
+  int Next(int64_t timeout_ms, std::string* err) {
+    if (timeout_ms < -1) timeout_ms = timeout_ms_;
+    std::unique_lock<std::mutex> lock(mu_);
+    auto have = [this] { return stopping_ || !ready_.empty(); };
+    if (timeout_ms < 0) {
+      cv_ready_.wait(lock, have);
+    } else if (!cv_ready_.wait_for(lock, std::chrono::milliseconds(timeout_ms), have)) {
+      *err = "no batch from " + conn_.options().end_point + " within " + std::to_string(timeout_ms) + " ms";
+      const std::string auth = conn_.AuthFailures();
+      if (!auth.empty()) *err += "; " + auth;
+      return -1;
+    }
+    if (ready_.empty()) {
+      *err = "receiver for " + conn_.options().end_point + " is closed";
+      return -3;
+    }
+    Ready r = std::move(ready_.front());
+    ready_.pop_front();
+    if (r.slot < 0) {
+      *err = r.error;
+      return -2;
+    }
+    state_[r.slot] = kHeld;
+    return r.slot;
+  }
+
+  bool Release(int slot, std::string* err) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (slot < 0 || slot >= static_cast<int>(slots_.size()) || state_[slot] != kHeld) {
+      *err = "slot " + std::to_string(slot) + " is not held (release only what next() returned, once)";
+      return false;
+    }
+    state_[slot] = kFree;
+    free_.push_back(slot);
+    cv_free_.notify_one();
+    return true;
+  }
+
+  const core::Connection& conn() const { return conn_; }
+
+ private:
+  // A free slot, or -1 when stopping.
+  int TakeFree() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_free_.wait(lock, [this] { return stopping_ || !free_.empty(); });
+    if (stopping_) return -1;
+    const int slot = free_.front();
+    free_.pop_front();
+    state_[slot] = kFilling;
+    return slot;
+  }
+
+  void Finish(int slot, std::string error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error.empty()) {
+      state_[slot] = kFree;
+      free_.push_front(slot);
+      ready_.push_back({-1, std::move(error)});
+    } else {
+      state_[slot] = kReady;
+      ready_.push_back({slot, ""});
+    }
+    cv_ready_.notify_one();
+  }
+
+  void Loop() {
+    auto stopping = [this] { return conn_.closing(); };
+    while (true) {
+      const int slot = TakeFree();
+      if (slot < 0) return;
+      while (true) {
+        core::Message msg;
+        Status s = conn_.Receive(&msg, stopping, kSliceMs);
+        if (s.code == Code::kDeadlineExceeded) continue;
+        if (s.code == Code::kCancelled) {
+          Finish(slot, "receiver for " + conn_.options().end_point + " is closed");
+          return;
+        }
+        if (!s.ok()) {
+          Finish(slot, s.message);
+          break;
+        }
+        Finish(slot, Fill(msg, slot));
+        break;
+      }
+    }
+  }
+
+  // Checks a received message against the fields and copies it into `slot`;
+  // returns "" or the error naming the field.
+  std::string Fill(const core::Message& msg, int slot) {
+    const std::string& ep = conn_.options().end_point;
+    if (!msg.ok()) {
+      return std::string("bad ") + (msg.native() ? "native" : "zmq_ops") + " message from " + ep + ": " +
+             msg.error().ToString();
+    }
+    const std::vector<wire::TensorView>& tensors = msg.tensors();
+    if (tensors.size() != fields_.size()) {
+      return "n_tensors: message from " + ep + " has " + std::to_string(tensors.size()) +
+             " tensors, the receiver expects " + std::to_string(fields_.size());
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const wire::TensorView& t = tensors[i];
+      const Field& f = fields_[i];
+      const std::string field = "tensor[" + std::to_string(i) + "]";
+      if (t.dtype != f.dtype) {
+        return field + ".dtype: message from " + ep + " has " + wire::DtypeName(t.dtype) + ", the receiver expects " +
+               wire::DtypeName(f.dtype);
+      }
+      if (t.shape != f.shape) {
+        return field + ".shape: message from " + ep + " has " + ShapeString(t.shape) + ", the receiver expects " +
+               ShapeString(f.shape);
+      }
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      CopyOut(slots_[slot][i], tensors[i].data, tensors[i].nbytes, fields_[i].dtype);
+    }
+    return "";
+  }
+
+  core::Connection conn_;
+  const std::vector<Field> fields_;
+  const std::vector<std::vector<char*>> slots_;
+  std::vector<SlotState> state_;
+  const int64_t timeout_ms_;
+
+  std::mutex mu_;
+  std::condition_variable cv_free_, cv_ready_;
+  std::deque<int> free_;
+  std::deque<Ready> ready_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+void SetError(char* err, size_t errlen, const std::string& msg) {
+  if (err == nullptr || errlen == 0) return;
+  const size_t n = std::min(errlen - 1, msg.size());
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+}  // namespace
+}  // namespace feedbench
+
+using feedbench::Receiver;
+using feedbench::SetError;
+
+extern "C" {
+
+// Opens a receiver: `n_fields` tensors per batch, field i of dtype code
+// dtypes[i] (TensorFlow's DataType enum, as on the wire) and shape
+// dims[sum(ndims[:i]) .. +ndims[i]]; `n_slots` slots whose buffers are
+// ptrs[slot * n_fields + i], each at least the field's size. Returns a handle,
+// or null with `err` filled.
+__attribute__((visibility("default"))) void* fb_receiver_open(
+    const char* endpoint, int n_fields, const int* dtypes, const int* ndims, const int64_t* dims, int n_slots,
+    void* const* ptrs, int hwm, int64_t timeout_ms, int64_t max_msg_size, int bind, const char* curve_dir,
+    int threads, char* err, size_t errlen) {
+  using feedbench::Field;
+  if (n_fields < 1 || n_slots < 1 || threads < 1) {
+    SetError(err, errlen, "the receiver needs at least one field, one slot and one thread");
+    return nullptr;
+  }
+  std::vector<Field> fields(n_fields);
+  size_t at = 0;
+  for (int i = 0; i < n_fields; ++i) {
+    Field& f = fields[i];
+    f.dtype = dtypes[i];
+    const size_t item = feedbench::wire::ItemSize(f.dtype);
+    if (item == 0) {
+      SetError(err, errlen, "field " + std::to_string(i) + ": unknown dtype code " + std::to_string(f.dtype));
+      return nullptr;
+    }
+    f.nbytes = item;
+    for (int j = 0; j < ndims[i]; ++j) {
+      f.shape.push_back(dims[at]);
+      f.nbytes *= static_cast<size_t>(dims[at++]);
+    }
+  }
+  std::vector<std::vector<char*>> slots(n_slots, std::vector<char*>(n_fields));
+  for (int s = 0; s < n_slots; ++s) {
+    for (int i = 0; i < n_fields; ++i) slots[s][i] = static_cast<char*>(ptrs[s * n_fields + i]);
+  }
+  feedbench::core::ConnectionOptions o;
+  o.end_point = endpoint;
+  o.hwm = hwm;
+  o.bind = bind != 0;
+  o.max_msg_size = max_msg_size;
+  o.curve_keys_dir = curve_dir != nullptr ? curve_dir : "";
+  auto* r = new Receiver(o, std::move(fields), std::move(slots), timeout_ms);
+  feedbench::core::Status s = r->Start(threads);
+  if (!s.ok()) {
+    SetError(err, errlen, s.message);
+    delete r;
+    return nullptr;
+  }
+  return r;
+}
+
+__attribute__((visibility("default"))) int fb_receiver_next(void* h, int64_t timeout_ms, char* err, size_t errlen) {
+  std::string e;
+  const int slot = static_cast<Receiver*>(h)->Next(timeout_ms, &e);
+  if (slot < 0) SetError(err, errlen, e);
+  return slot;
+}
+
+__attribute__((visibility("default"))) int fb_receiver_release(void* h, int slot, char* err, size_t errlen) {
+  std::string e;
+  if (static_cast<Receiver*>(h)->Release(slot, &e)) return 0;
+  SetError(err, errlen, e);
+  return -1;
+}
+
+// Fills up to max_rows rows of (producer_id, received, lost, duplicated,
+// restarts) and totals (messages, bytes); returns the number of producers.
+__attribute__((visibility("default"))) int fb_receiver_stats(void* h, int64_t* rows, int max_rows, int64_t* totals) {
+  const auto& conn = static_cast<Receiver*>(h)->conn();
+  conn.Totals(&totals[0], &totals[1]);
+  const auto counts = conn.ProducerCounts();
+  int r = 0;
+  for (const auto& [id, c] : counts) {
+    if (r < max_rows) {
+      int64_t* row = rows + 5 * r;
+      row[0] = id;
+      row[1] = c.received;
+      row[2] = c.lost;
+      row[3] = c.duplicated;
+      row[4] = c.restarts;
+    }
+    ++r;
+  }
+  return r;
+}
+
+// Wakes every waiter (next() returns -3); call before fb_receiver_close when
+// another thread may be inside next().
+__attribute__((visibility("default"))) void fb_receiver_stop(void* h) { static_cast<Receiver*>(h)->Stop(); }
+
+__attribute__((visibility("default"))) void fb_receiver_close(void* h) { delete static_cast<Receiver*>(h); }
+
+// The core's sequence accounting over (ids[i], seqs[i]), for the shared test
+// vectors (wire/seq_vectors.json); rows as in fb_receiver_stats.
+__attribute__((visibility("default"))) int fb_seq_replay(const uint32_t* ids, const uint64_t* seqs, int64_t n,
+                                                        int64_t* rows, int max_rows) {
+  feedbench::core::SeqTracker t;
+  for (int64_t i = 0; i < n; ++i) t.Add(ids[i], seqs[i]);
+  int r = 0;
+  for (const auto& [id, c] : t.counts()) {
+    if (r < max_rows) {
+      int64_t* row = rows + 5 * r;
+      row[0] = id;
+      row[1] = c.received;
+      row[2] = c.lost;
+      row[3] = c.duplicated;
+      row[4] = c.restarts;
+    }
+    ++r;
+  }
+  return r;
+}
+
+}  // extern "C"
