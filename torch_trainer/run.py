@@ -107,12 +107,13 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: bool 
     kind = "GPU" if gpus else "CPU"
     half = f", AMP {HALF_CUDA if gpus else HALF_CPU}" if cfg.use_fp16 else ""
     compiled = ", torch.compile" if cfg.use_xla_compile else ""
+    ddp = f", DDP {'nccl' if gpus else 'gloo'}" if world > 1 and not cfg.input_only else ""
     print(
         f"feedbench (PyTorch {torch.__version__}): ResNet-50 v{cfg.resnet_version}"
         f"{' (input only)' if cfg.input_only else ''}, {world} {kind} rank(s)"
         f"{f' on {nodes.nnodes} nodes' if nodes.nnodes > 1 else ''} x batch {cfg.batch}, "
-        f"{cfg.image_size}x{cfg.image_size} {cfg.data_format}{half}{compiled}, DDP "
-        f"{'nccl' if gpus else 'gloo'}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
+        f"{cfg.image_size}x{cfg.image_size} {cfg.data_format}{half}{compiled}{ddp}, "
+        f"{cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
         flush=True,
     )
     started = time.time()
