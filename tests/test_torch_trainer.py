@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT
@@ -46,8 +47,12 @@ def every_path(jpegs, tmp_path_factory) -> dict:
     )  # fmt: skip
     apply_defaults(cfg, 0)
     cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
-    rc, doc, errors = launch(2, Nodes(), cfg.to_dict(), str(tmp_path_factory.mktemp("run")))
+    folder = str(tmp_path_factory.mktemp("run"))
+    rc, doc, errors = launch(2, Nodes(), cfg.to_dict(), folder)
     assert rc == 0 and not errors, errors
+    # Nothing the run started outlives it: ranks, loader workers, producers (their endpoints are in `folder`).
+    left = [p for p in psutil.process_iter(["cmdline"]) if folder in " ".join(p.info["cmdline"] or [])]
+    assert not left, [p.info["cmdline"] for p in left]
     return doc["paths"]
 
 

@@ -142,6 +142,7 @@ class ProducerFed(TorchInputPath):
     group = None
 
     def start(self, endpoints: list[str]) -> None:
+        self._reported: set[int] = set()
         self.producer_ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
         self.group = start_producers(self.cfg, endpoints, self.producer_ids, self.ctx.tmpdir)
 
@@ -159,11 +160,18 @@ class ProducerFed(TorchInputPath):
         return producer_figures(rows, self.cfg.batch, "producer stats files")
 
     def check(self) -> None:
+        """--on-producer-exit stop: fail naming a dead producer; continue: say so once, fail when none is left."""
         if self.group is None:
             return
         if self.cfg.on_producer_exit == "stop":
             self.group.check()
-        elif len(self.group.exited()) == len(self.group.procs):
+            return
+        exited = self.group.exited()
+        for i, message in exited.items():
+            if i not in self._reported:
+                self._reported.add(i)
+                print(f"  warning: rank {self.ctx.rank}: {message}; continuing with the other producers", flush=True)
+        if len(exited) == len(self.group.procs):
             self.group.check()
 
     def stop_producers(self) -> None:

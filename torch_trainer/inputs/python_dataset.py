@@ -49,6 +49,13 @@ class PullDataset(IterableDataset):
                 yield as_tensor(images).clone(), as_tensor(labels).clone(), ident
 
 
+def _take_signals(worker_id: int) -> None:
+    """Loader workers are forked from a rank that blocks SIGTERM in its threads: let them be stopped."""
+    from runner.shutdown import unblock_in_child
+
+    unblock_in_child()
+
+
 @register
 class PythonDataset(ProducerFed):
     name: ClassVar[str] = "python-dataset"
@@ -72,6 +79,7 @@ class PythonDataset(ProducerFed):
             pin_memory=ctx.device.type == "cuda",
             prefetch_factor=2,
             multiprocessing_context="fork",
+            worker_init_fn=_take_signals,
         )
         self.loader_iter = iter(self.loader)  # the workers start and bind their endpoints
         self.start(endpoints)
