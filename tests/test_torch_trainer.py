@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -111,8 +112,9 @@ def test_two_machines_on_loopback(procs, tmp_path):
     out_json = tmp_path / "r.json"
     common = ["--framework", "torch", "--num-gpus", "1", "--nnodes", "2", "--master-addr", "127.0.0.1",
               "--master-port", port, "--fake-location", "python-queue", "--producers", "2", *SMALL]  # fmt: skip
-    node1 = procs.start("bench_input.py", *common, "--node-rank", "1")
-    node0 = procs.start("bench_input.py", *common, "--node-rank", "0", "--json", str(out_json))
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # two "machines" share this host's cores
+    node1 = procs.start("bench_input.py", *common, "--node-rank", "1", env=env)
+    node0 = procs.start("bench_input.py", *common, "--node-rank", "0", "--json", str(out_json), env=env)
     out0, err0 = node0.communicate(timeout=300)
     out1, err1 = node1.communicate(timeout=60)
     assert node0.returncode == 0, err0

@@ -71,7 +71,10 @@ def launch(nproc: int, nodes: Nodes, cfg_dict: dict, result_dir: str) -> tuple[i
     config_file = os.path.join(result_dir, "config.json")
     with open(config_file, "w") as f:
         json.dump(cfg_dict, f)
-    env = dict(os.environ, OMP_NUM_THREADS=str(cpu_threads(nproc)), PYTHONUNBUFFERED="1")
+    # Each rank's intra-op threads: OMP_NUM_THREADS when the user set it (several "machines" sharing
+    # one host want fewer), else this machine's cores shared by its ranks.
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", str(cpu_threads(nproc)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     from runner import shutdown
 

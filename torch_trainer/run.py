@@ -374,7 +374,7 @@ def worker(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
-    torch.set_num_threads(cpu_threads(local_world))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or cpu_threads(local_world)))
     torch.manual_seed(0)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     results: dict[str, dict] = {}
