@@ -227,7 +227,7 @@ def _main(argv: list[str]) -> int:
     if framework == "torch":
         from torch_trainer.run import main as torch_main
 
-        return torch_main(cfg, args, check_machine, sweep=grid is not None)
+        return torch_main(cfg, args, check_machine, sweep=(base, grid) if grid is not None else None)
     if args.nnodes > 1:
         raise ConfigError("--nnodes: several machines need --framework torch (torchrun)")
 

@@ -137,7 +137,6 @@ def test_two_machines_on_loopback(procs, tmp_path):
         (["--ps-device", "gpu"], ["--ps-device"]),
         (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2"]),
         (["--fake-location", "dali"], ["--fake-location dali needs --data"]),
-        (["--sweep", "--batch", "2,4"], ["--sweep"]),
     ],
 )
 def test_flags_without_meaning_in_pytorch_are_refused_in_one_line(procs, tmp_path, args, words):
@@ -171,3 +170,18 @@ def test_silent_endpoint_stops_every_rank_with_one_line_and_no_json(procs, ipc_d
     assert len(errors) == 1 and "python-queue" in errors[0] and f"{endpoint}-r" in errors[0]
     assert "waiting for external producers" in out
     assert not out_json.exists()
+
+
+def test_sweep_runs_one_launch_per_grid_point(procs, tmp_path):
+    out = tmp_path / "sweep"
+    p = procs.start(
+        "bench_input.py", "--framework", "torch", "--sweep", "--fake-location", "gpu", "--input-only",
+        "--num-gpus", "1", "--batch", "2,4", "--image-size", "32", "--warmup-steps", "1", "--steps", "2",
+        "--repeats", "1", "--out", str(out),
+    )  # fmt: skip
+    stdout, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    assert [r["config"]["batch"] for r in doc["runs"]] == [2, 4]
+    assert all(r["config"]["framework"] == "torch" for r in doc["runs"])
+    assert {f.name for f in out.iterdir()} >= {"results.json", "results.csv", "results.md"}

@@ -30,7 +30,7 @@ HALF_CUDA, HALF_CPU = "float16", "bfloat16"  # --use-fp16: autocast's half type 
 # --- the parent: bench_input.py --framework torch ------------------------------------------------
 
 
-def refuse(cfg: BenchConfig, args: argparse.Namespace, sweep: bool) -> None:
+def refuse(cfg: BenchConfig, args: argparse.Namespace) -> None:
     """One ConfigError line for a flag that has no meaning (or no implementation) with --framework torch."""
     if cfg.variable_update == "parameter_server":
         raise ConfigError(
@@ -43,8 +43,6 @@ def refuse(cfg: BenchConfig, args: argparse.Namespace, sweep: bool) -> None:
         raise ConfigError("--ps-device: there is no parameter server with --framework torch")
     if cfg.profile_dir:
         raise ConfigError("--profile writes a TensorFlow trace; it is not available with --framework torch")
-    if sweep:
-        raise ConfigError("--sweep is not available with --framework torch yet; run one grid point per invocation")
 
 
 def describe_machine(torch_mod) -> dict:
@@ -82,56 +80,106 @@ def rank_table(results: dict[str, dict]) -> str:
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 
-def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: bool = False) -> int:
+def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple | None = None) -> int:
     """bench_input.py --framework torch, after its flag checks: launch the ranks on torchrun, then report.
 
-    `check_machine(cfg, gpus)` is the CLI's own check of devices and memory.
+    `check_machine(cfg, gpus)` is the CLI's own check of devices and memory; `sweep` is
+    (the config before defaults, the grid) for --sweep: one torchrun launch per grid point.
     """
-    from torch_trainer.launch import Nodes, launch
+    from torch_trainer.launch import Nodes
 
-    refuse(cfg, args, sweep)
+    refuse(cfg, args)
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
     nodes.check()
     import torch
 
     gpus = torch.cuda.device_count()
-    for note in apply_defaults(cfg, gpus):
-        print(f"note: {note}")
+    notes = apply_defaults(cfg, gpus)
     check_machine(cfg, gpus)
-    if cfg.max_msg_size is None:
-        cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
+    if sweep is not None:
+        return _sweep(*sweep, gpus, nodes, args.out or "results")
+    for note in notes:
+        print(f"note: {note}")
+    world = cfg.num_gpus * nodes.nnodes
+    print(_header(cfg, torch.__version__, gpus, nodes), flush=True)
+    started = time.time()
+    doc = _launch(cfg, nodes)
+    if doc is None:
+        return 0 if nodes.node_rank != 0 else 2
+    results: dict[str, dict] = doc["paths"]
+    _print_report(cfg, results, world)
+    device = {**doc["device"], "ranks": world, "nodes": nodes.nnodes}
+    config = {**cfg.to_dict(), "framework": "torch", "nnodes": nodes.nnodes}
+    if args.out:
+        from core import registry
+        from profiler.sweep import rows_of, write_results
 
-    from profiler import report
+        rows = rows_of([{"config": config, "paths": results}])
+        files = write_results(args.out, {"framework": "torch", "device": device, "rows": rows}, registry.names("torch"))
+        print("\n" + "\n".join(f"wrote {f}" for f in files))
+    if cfg.json_path:
+        from profiler import report
 
+        base = results.get(BASELINE, {}).get("images_per_sec")
+        report.write_json(
+            cfg.json_path,
+            {
+                "framework": "torch",
+                "config": config,
+                "device": device,
+                "reference": {"baseline": BASELINE, "baseline_images_per_sec": base},
+                "started": started,
+                "paths": results,
+            },
+        )
+        print(f"\nwrote {cfg.json_path}")
+    return 0
+
+
+def _header(cfg: BenchConfig, version: str, gpus: int, nodes) -> str:
     world = cfg.num_gpus * nodes.nnodes
     kind = "GPU" if gpus else "CPU"
     half = f", AMP {HALF_CUDA if gpus else HALF_CPU}" if cfg.use_fp16 else ""
     compiled = ", torch.compile" if cfg.use_xla_compile else ""
     ddp = f", DDP {'nccl' if gpus else 'gloo'}" if world > 1 and not cfg.input_only else ""
-    print(
-        f"feedbench (PyTorch {torch.__version__}): ResNet-50 v{cfg.resnet_version}"
+    return (
+        f"feedbench (PyTorch {version}): ResNet-50 v{cfg.resnet_version}"
         f"{' (input only)' if cfg.input_only else ''}, {world} {kind} rank(s)"
         f"{f' on {nodes.nnodes} nodes' if nodes.nnodes > 1 else ''} x batch {cfg.batch}, "
         f"{cfg.image_size}x{cfg.image_size} {cfg.data_format}{half}{compiled}{ddp}, "
-        f"{cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
-        flush=True,
+        f"{cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps"
     )
-    started = time.time()
+
+
+def _launch(cfg: BenchConfig, nodes) -> dict | None:
+    """One torchrun launch of every path in `cfg`; rank 0's document, or None on other nodes.
+
+    Raises InputError with the failing rank's line (or torchrun's exit code).
+    """
+    from torch_trainer.launch import launch
+
+    if cfg.max_msg_size is None:
+        cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
     with tempfile.TemporaryDirectory(prefix="feedbench-") as tmp:
         rc, doc, errors = launch(cfg.num_gpus, nodes, cfg.to_dict(), tmp)
     if errors:
-        print(f"error: {errors[0]}", file=sys.stderr)
-        return 2
+        raise InputError(errors[0])
     if rc != 0:
-        print(f"error: torchrun exited with code {rc} (see the ranks' output above)", file=sys.stderr)
-        return 2
+        raise InputError(f"torchrun exited with code {rc} (see the ranks' output above)")
     if nodes.node_rank != 0:
         print(f"node {nodes.node_rank}: done; node 0 writes the report")
-        return 0
+        return None
     if doc is None:
-        print("error: rank 0 wrote no result", file=sys.stderr)
-        return 2
-    results: dict[str, dict] = doc["paths"]
+        raise InputError("rank 0 wrote no result")
+    return doc
+
+
+def _print_report(cfg: BenchConfig, results: dict[str, dict], world: int) -> None:
+    """Ratios and verdicts into `results`; the tables on stdout."""
+    from profiler import report
+    from profiler.verdict import add_verdicts, line
+    from profiler.verdict import table as verdict_table
+
     report.add_ratios(results)
     print()
     print(report.table(results, world, cfg.input_only))
@@ -143,34 +191,57 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: bool 
             if s and s["input_wait_share"] and s["input_wait_share"] >= 0.05:
                 print(f"{path}: rank {s['rank']} ({s['host']}) straggles: {s['why']}")
     if cfg.telemetry:
-        from profiler.verdict import add_verdicts, line
-        from profiler.verdict import table as verdict_table
-
         add_verdicts(results)
         print()
         print(verdict_table(results))
         print()
         for path, r in results.items():
             print(line(path, r["verdict"]))
-    device = {**doc["device"], "ranks": world, "nodes": nodes.nnodes}
-    full = {
-        "framework": "torch",
-        "config": {**cfg.to_dict(), "framework": "torch", "nnodes": nodes.nnodes},
-        "device": device,
-        "reference": {"baseline": BASELINE, "baseline_images_per_sec": results.get(BASELINE, {}).get("images_per_sec")},
-        "started": started,
-        "paths": results,
-    }
-    if args.out:
-        from profiler.sweep import rows_of, write_results
 
-        files = write_results(
-            args.out, {"device": device, "rows": rows_of([{"config": full["config"], "paths": results}])}
-        )
-        print("\n" + "\n".join(f"wrote {f}" for f in files))
-    if cfg.json_path:
-        report.write_json(cfg.json_path, full)
-        print(f"\nwrote {cfg.json_path}")
+
+def _sweep(base: BenchConfig, grid: dict, gpus: int, nodes, out: str) -> int:
+    """--sweep: every grid point is one torchrun launch of its paths; results.{json,csv,md,png} in `out`."""
+    import os
+
+    import torch
+
+    from core import registry
+    from profiler import report
+    from profiler.sweep import points, rows_of, write_results
+    from profiler.verdict import add_verdicts
+
+    configs = points(base, grid)
+    runs = []
+    started = time.time()
+    for i, cfg in enumerate(configs, 1):
+        notes = apply_defaults(cfg, gpus)
+        if i == 1:
+            for note in notes:
+                print(f"note: {note}")
+        print(f"[{i}/{len(configs)}] {_header(cfg, torch.__version__, gpus, nodes)}", flush=True)
+        doc = _launch(cfg, nodes)
+        if doc is None:
+            continue
+        results = doc["paths"]
+        report.add_ratios(results)
+        if cfg.telemetry:
+            add_verdicts(results)
+        runs.append({"config": {**cfg.to_dict(), "framework": "torch", "nnodes": nodes.nnodes}, "paths": results})
+    if nodes.node_rank != 0:
+        return 0
+    doc = {
+        "framework": "torch",
+        "grid": dict(grid),
+        "device": {**describe_machine(torch), "nodes": nodes.nnodes},
+        "started": started,
+        "title": f"PyTorch, {'input only' if base.input_only else 'ResNet-50'}, {configs[0].image_size}px",
+        "rows": rows_of(runs),
+        "runs": runs,
+    }
+    files = write_results(out, doc, registry.names("torch"))
+    print()
+    print(open(os.path.join(out, "results.md")).read())
+    print("\n".join(f"wrote {f}" for f in files))
     return 0
 
 
