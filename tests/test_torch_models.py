@@ -43,3 +43,9 @@ def test_unknown_version_is_one_clear_error():
 
     with pytest.raises(ConfigError, match="--resnet-version '2'"):
         resnet50("2")
+
+
+def test_copy_bandwidth_is_measured():
+    from torch_trainer.bandwidth import copy_gbps
+
+    assert copy_gbps(1_000_000, pinned=False, repeats=2) > 0

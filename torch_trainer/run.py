@@ -47,7 +47,14 @@ def refuse(cfg: BenchConfig, args: argparse.Namespace) -> None:
 
 def describe_machine(torch_mod) -> dict:
     gpus = [torch_mod.cuda.get_device_name(i) for i in range(torch_mod.cuda.device_count())]
+    extra = {}
+    if gpus:
+        from torch_trainer.bandwidth import copy_gbps
+
+        # The ceiling of every path that copies batches to the device (about 2 s to measure).
+        extra["h2d_gbps"] = {"pinned": copy_gbps(256_000_000, True), "pageable": copy_gbps(256_000_000, False)}
     return {
+        **extra,
         "gpus": gpus,
         "cpu": platform.processor() or platform.machine(),
         "cpu_cores": os.cpu_count(),
