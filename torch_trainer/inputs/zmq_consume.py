@@ -85,6 +85,10 @@ class ZmqConsume(ProducerFed):
 
     def _fetch(self):
         """Take the next filled slot and start its copy to the device on the side stream."""
+        while len(self._copying) >= SLOTS - 1:  # leave the receive threads a slot to fill
+            held, ev = self._copying.pop(0)
+            ev.synchronize()
+            self.receiver.release(held)
         slot = self._take()
         with torch.cuda.stream(self.stream):
             dev = [t.to(self.ctx.device, non_blocking=True) for t in self.slots[slot]]
