@@ -12,8 +12,7 @@ import sys
 
 import psutil
 import pytest
-
-from tests.conftest import ROOT
+from conftest import ROOT
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(400)
