@@ -47,6 +47,7 @@ def parse_args(argv: list[str], paths: dict):
     """The flags; input path names and their help come from the registry."""
     from core.cli_types import non_negative_int, positive_float, positive_int
     from core.registry import BASELINE
+    from producers.commands import KINDS
 
     p = _Parser(prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -83,10 +84,10 @@ def parse_args(argv: list[str], paths: dict):
     g = p.add_argument_group("producers (for paths that read from producers)")
     g.add_argument("--producers", type=positive_int, default=2, help="how many producer processes the run starts")
     g.add_argument(
-        "--producer-kind", choices=("synthetic", "decode", "dali"), default="synthetic",
+        "--producer-kind", choices=KINDS, default="synthetic",
         help="what the producers send: random images, JPEGs decoded in Python, or a DALI pipeline",
     )  # fmt: skip
-    g.add_argument("--producer", dest="producer_kind", choices=("synthetic", "decode", "dali"), help=argparse.SUPPRESS)
+    g.add_argument("--producer", dest="producer_kind", choices=KINDS, help=argparse.SUPPRESS)  # the old spelling
     g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer-kind decode|dali and dali")
     g.add_argument("--producer-workers", type=positive_int, default=1, help="worker processes per producer")
     g.add_argument(

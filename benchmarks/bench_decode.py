@@ -96,10 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench-decode", help="benchmark decoding: Python decode producer vs DALI on CPU, per core")
     p.add_argument("--data", required=True, metavar="DIR", help="ImageNet-layout folder (see make-dataset)")
     p.add_argument("--list", metavar="FILE", help="use only these files: lines of 'relative/path [label]'")
-    p.add_argument("--image-size", type=positive_int, default=224)
-    p.add_argument("--batch", type=positive_int, default=32)
+    p.add_argument("--image-size", type=positive_int, default=224, help="output height and width")
+    p.add_argument("--batch", type=positive_int, default=32, help="images per batch")
     p.add_argument("--batches", type=positive_int, default=10, help="batches per timed repeat")
-    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats; the median is reported")
     p.add_argument("--warmup", type=positive_int, default=3, help="batches before timing starts")
     p.add_argument(
         "--decoders",

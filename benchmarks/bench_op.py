@@ -337,10 +337,10 @@ def median_gbps(rows: list[Row], path: str, transport: str, fmt: str, cfg: Confi
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_op", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=64, help="images per batch")
+    parser.add_argument("--image-size", type=int, default=224, help="image height and width")
     parser.add_argument("--steps", type=int, default=50, help="batches per timed repeat")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
     parser.add_argument("--warmup", type=int, default=10, help="batches before timing starts")
     parser.add_argument("--hwm", type=int, default=4, help="receive high-water mark / queue capacity, in batches")
     parser.add_argument("--transports", default="ipc,tcp", help="comma-separated: ipc,tcp")

@@ -19,6 +19,7 @@ from tabulate import tabulate
 
 from benchmarks.memcpy import memcpy_bandwidth
 from consumers.zmq_pull import PullConsumer
+from core.cli_types import positive_int
 from profiler.summary import Summary
 from wire.endpoints import free_tcp_port
 
@@ -93,12 +94,18 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench-wire", help="benchmark the wire: producer process -> Python puller")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batches", type=int, default=40, help="batches per timed repeat")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--hwm", type=int, default=4)
-    p.add_argument("--transports", nargs="+", choices=("ipc", "tcp"), default=["ipc", "tcp"])
-    p.add_argument("--formats", nargs="+", choices=("native", "zmq_ops"), default=["native", "zmq_ops"])
+    p.add_argument("--batch", type=positive_int, default=64, help="images per batch")
+    p.add_argument("--image-size", type=positive_int, default=224, help="image height and width")
+    p.add_argument("--batches", type=positive_int, default=40, help="batches per timed repeat")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats; the median is reported")
+    p.add_argument("--warmup", type=positive_int, default=10, help="batches before timing starts")
+    p.add_argument("--hwm", type=positive_int, default=4, help="ZMQ high-water mark, in batches")
+    p.add_argument("--transports", nargs="+", choices=("ipc", "tcp"), default=["ipc", "tcp"], help="transports to time")
+    p.add_argument(
+        "--formats",
+        nargs="+",
+        choices=("native", "zmq_ops"),
+        default=["native", "zmq_ops"],
+        help="wire formats to time",
+    )
     p.set_defaults(func=run)

@@ -114,6 +114,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("folder", help="where to write the class sub-folders")
     p.add_argument("--classes", type=positive_int, default=10, help="class sub-folders")
     p.add_argument("--per-class", type=positive_int, default=50, help="JPEGs per class")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the photographs' crops and the JPEG quality jitter")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (each file varies by up to 2)")
     p.set_defaults(func=_run)

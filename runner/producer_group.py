@@ -131,7 +131,7 @@ def producer_command(
     """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
     `rate` caps each worker's images/s; `stats_file` is where the producer writes
-    its own figures once a second (the profiler reads them on zmq-consume).
+    its own figures once a second (read where the consumer sees no native headers).
     """
     extra = ["--hwm", str(hwm), "--producer-id", str(producer_id)]
     if rate:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import sys
+import os
 
 import numpy as np
 import psutil
@@ -168,18 +168,18 @@ def test_zmq_consume_with_an_external_producer_writes_the_report(procs, ipc_dir,
 
 
 def test_run_started_producers_are_gone_after_the_run(procs, tmp_path):
-    code, out, err = run_cli(
-        procs, "--fake-location", "zmq-consume", "--input-only", "--batch", "2", "--image-size", "32",
+    # The run's endpoint lives in its temporary folder under TMPDIR: its producers name it on their command line.
+    p = procs.start(
+        "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--batch", "2", "--image-size", "32",
         "--warmup-steps", "1", "--steps", "2", "--repeats", "1", "--producers", "2",
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
-    assert code == 0, err
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
     assert "zmq-consume" in out and "vs gpu" in out
-    mine = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "producers" in " ".join(p.info["cmdline"] or []) and sys.executable in " ".join(p.info["cmdline"] or [])
-    ]
-    assert not [p for p in mine if p.ppid() == 1]
+    mine = [q for q in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(q.info["cmdline"] or [])]
+    assert not mine, "a producer of the run outlived it"
+    assert not list(tmp_path.iterdir()), "the run's temporary folder is removed"
 
 
 @pytest.mark.parametrize("producer", ["decode", "dali"])

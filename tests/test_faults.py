@@ -9,12 +9,12 @@ import psutil
 import pytest
 from conftest import descendants
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(360)  # the gpu baseline runs its 100000 steps first
 
 FAST = ["--input-only", "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--recv-timeout", "20"]
 
 
-def wait_for_producers(pid: int, n: int, timeout: float = 60) -> list[psutil.Process]:
+def wait_for_producers(pid: int, n: int, timeout: float = 180) -> list[psutil.Process]:
     """The run's producer processes (not their workers), once n of them are up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

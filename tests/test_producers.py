@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -45,6 +46,26 @@ def test_producer_delivers_exactly_count_batches(procs, ipc_dir, fmt):
         rows = c.tracker.table()
         totals = {k: sum(r[k] for r in rows) for k in ("received", "lost", "duplicated", "restarts")}
         assert totals == {"received": 12, "lost": 0, "duplicated": 0, "restarts": 0}
+
+
+def test_producer_writes_its_figures_to_its_stats_file(procs, ipc_dir, tmp_path):
+    """For consumers that see no header (the op, the zmq_ops format): the producer's own figures, as JSON."""
+    endpoint = f"ipc://{ipc_dir}/feed"
+    stats = tmp_path / "stats.json"
+    with PullConsumer(endpoint, recv_timeout=30) as c:
+        p = procs.producer(endpoint, "--wire-format", "zmq_ops", "--batch", "4", "--image-size", "8", "--rate", "200",
+                           "--stats-file", str(stats))  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not stats.exists() and time.monotonic() < deadline:
+            c.recv()
+        for _ in range(20):
+            c.recv()
+    figures = json.loads(stats.read_text())
+    assert figures["images_per_sec"] > 0 and figures["bytes_per_sec"] > 0
+    assert figures["batches"] >= 1 and figures["send_latency_ms"] >= 0
+    assert [f.name for f in tmp_path.iterdir()] == ["stats.json"], "written atomically: no temporary file left"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 0
 
 
 def test_native_header_carries_producer_telemetry(procs, ipc_dir):

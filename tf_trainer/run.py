@@ -44,7 +44,6 @@ class _Quiet(logging.Filter):
 
     NOISE = (
         "Training failed at global_step",
-        "Exception in EnqueueThread",  # python-queue's feeding thread: the run reports the cause in one line
         "non-trainable",  # batch-norm statistics live on the first tower only, as in tensorpack's BatchNorm
         "not built with CUDA",
         "GPU",
@@ -163,8 +162,10 @@ def build(
     """Build the graph of `path_name` on `num_gpus` towers (default cfg.num_gpus) without training it.
 
     Opens no socket and starts no producer (the path's `open` and the run do);
-    without a GPU the towers are moved onto one virtual CPU device each.
+    `endpoint` only names what a producer path would bind when run. Without a
+    GPU (`has_gpu` False) the towers are moved onto one virtual CPU device each.
     """
+    endpoint = endpoint or cfg.endpoint or f"ipc://{tempfile.gettempdir()}/feedbench-{path_name}"
     if num_gpus is not None and num_gpus != cfg.num_gpus:
         cfg = replace(cfg, num_gpus=num_gpus)
     if cfg.max_msg_size is None:

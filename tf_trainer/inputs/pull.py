@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
-from tensorpack.dataflow import DataFlow
+from tensorpack.dataflow import DataFlow, DataFlowTerminated
 
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from profiler.telemetry import producer_figures
@@ -33,10 +33,11 @@ class PullFlow(DataFlow):
                 batch = self.consumer.recv()
             except ReceiveTimeout:
                 self.error = f"no batch within {self.consumer.recv_timeout:g} s"
-                raise
             except WireError as e:
                 self.error = str(e)
-                raise
+            if self.error:
+                # tensorpack's way to end a stream quietly; the run reports `error` in one line.
+                raise DataFlowTerminated(self.error)
             yield batch.arrays
 
 
