@@ -51,6 +51,9 @@ def parse_args(argv: list[str], paths: dict):
     from runner import cluster_spec
 
     p = _Parser(prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--framework", choices=("tf", "torch"), default="tf", help="the trainer: TensorFlow (default) or PyTorch"
+    )
     listing = "; ".join(f"{n}: {c.summary}" for n, c in paths.items())
     default_run = ", ".join(n for n, c in paths.items() if c.in_default_run)
     p.add_argument(
@@ -134,6 +137,15 @@ def parse_args(argv: list[str], paths: dict):
     )
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
+    g = p.add_argument_group("several machines (--framework torch, on torchrun)")
+    g.add_argument("--nnodes", type=positive_int, default=1, help="machines in the run, each running --num-gpus ranks")
+    g.add_argument("--node-rank", type=non_negative_int, default=0, help="this machine's index, 0 to --nnodes - 1")
+    g.add_argument("--master-addr", default="127.0.0.1", help="node 0's address, for the rendezvous")
+    g.add_argument(
+        "--master-port",
+        type=positive_int,
+        help="node 0's rendezvous port (default: a free port; 29500 across machines)",
+    )
     g = p.add_argument_group("profiling and sweeps (docs/profiling.md)")
     g.add_argument(
         "--no-telemetry", dest="telemetry", action="store_false",
@@ -251,7 +263,8 @@ def _main(argv: list[str]) -> int:
     from profiler.sweep import SweepError, split_args
     from runner import cluster_spec
 
-    paths = registry.load("tf")
+    framework = _framework(argv)
+    paths = registry.load(framework)
     try:
         grid, argv = split_args(argv, list(paths))
     except SweepError as e:
@@ -264,6 +277,8 @@ def _main(argv: list[str]) -> int:
         cfg.paths = grid.get("paths", cfg.paths)
         cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
     task = None  # this process's place in a TensorFlow cluster (docs/cluster.md)
+    if framework == "torch" and (args.local_cluster or cfg.variable_update in cluster_spec.MODES):
+        raise ConfigError("--local-cluster and distributed_* updates are TensorFlow's; PyTorch uses --nnodes (torchrun)")
     if args.local_cluster or cfg.variable_update in cluster_spec.MODES:
         task = cluster_spec.from_args(args, cfg, sweep=grid is not None)
         if task is None:
@@ -272,6 +287,12 @@ def _main(argv: list[str]) -> int:
             validate(replace(cfg, endpoint=cfg.endpoint and cfg.endpoint.replace("{task}", "0")), paths)
             return run_local_cluster(argv, args.local_cluster, cfg.variable_update)
     validate(cfg, paths)
+    if framework == "torch":
+        from torch_trainer.run import main as torch_main
+
+        return torch_main(cfg, args, check_machine, sweep=(base, grid) if grid is not None else None)
+    if args.nnodes > 1:
+        raise ConfigError("--nnodes: several machines need --framework torch (torchrun)")
     if task is not None and task.job_name == "ps":  # serves variables: no towers, no device checks
         from tf_trainer.cluster_worker import run_task
 
@@ -306,6 +327,13 @@ def _main(argv: list[str]) -> int:
         started, results = _run(cap, False, batch_given=False)
         _report(cap, results, os.path.join(args.out, "capacity") if args.out else None, started)
     return 0
+
+
+def _framework(argv: list[str]) -> str:
+    """--framework, read first: the input paths (and so the flags' choices) depend on it."""
+    pre = _Parser(add_help=False)
+    pre.add_argument("--framework", choices=("tf", "torch"), default="tf")
+    return pre.parse_known_args(argv)[0].framework
 
 
 def _sweep(base, grid: dict, gpus: int, out: str) -> int:

@@ -35,6 +35,10 @@ else
   "${pip[@]}" --no-deps "tf_keras==2.21.0"
 fi
 
+# PyTorch beside TensorFlow, for `bench_input.py --framework torch` (the same wheels run on CPU and CUDA);
+# SPDL for the `spdl` reference loader. pip leaves them alone when these versions are already there.
+"${pip[@]}" "torch==2.14.1" "torchvision==0.29.1" "spdl==0.8.0"
+
 # The project itself (editable) with its test and DALI extras; this builds the zmq_ops op.
 "${pip[@]}" --no-build-isolation -e ".[test,dali]"
 echo "setup: ready ($VENV)"

@@ -1,0 +1,58 @@
+"""Host-to-device copy bandwidth, pinned and pageable: the ceiling of every path that copies batches to a GPU.
+
+`python -m torch_trainer.bandwidth [--mb 256] [--repeats 7]` prints GB/s (median of the repeats). Without a
+GPU it measures a host-to-host tensor copy instead, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from core.cli_types import positive_int
+
+
+def copy_gbps(nbytes: int, pinned: bool, repeats: int = 7, device: torch.device | None = None) -> float:
+    """Median GB/s of copying `nbytes` from host memory (pinned or not) to `device` (the GPU, else the CPU)."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned and cuda).fill_(1)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst.copy_(src, non_blocking=pinned)  # first touch and warm-up
+    if cuda:
+        torch.cuda.synchronize(device)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=pinned)
+        if cuda:
+            torch.cuda.synchronize(device)
+        rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(rates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_trainer.bandwidth", description=__doc__)
+    p.add_argument(
+        "--mb", type=positive_int, default=256, help="bytes per copy, in MB (a batch of 256 at 224x224 is 38.5)"
+    )
+    p.add_argument("--repeats", type=positive_int, default=7)
+    a = p.parse_args(argv)
+    nbytes = a.mb * 1_000_000
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        print(f"host -> {name}, {a.mb} MB per copy, median of {a.repeats}")
+        print(f"  pinned:   {copy_gbps(nbytes, True, a.repeats):.1f} GB/s")
+        print(f"  pageable: {copy_gbps(nbytes, False, a.repeats):.1f} GB/s")
+    else:
+        print(f"no GPU: host -> host tensor copy, {a.mb} MB, median of {a.repeats}")
+        print(f"  {copy_gbps(nbytes, False, a.repeats):.1f} GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""What a PyTorch input path provides, and the pieces the producer-fed paths share.
+
+A path is opened on each rank (`open(ctx)`), hands the training step one
+batch per `next()` as (uint8 NHWC images, int64 labels) on the rank's device,
+and reports its own figures and accounting. Each rank pulls from its own
+endpoint, fed by its share of the run's producers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from core.registry import InputPath
+
+
+@dataclass
+class RankContext:
+    """Where a path runs: this rank among `world`, its device, and a private folder for sockets."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    tmpdir: str
+
+    def endpoint(self, cfg: Any, path: str, part: int | None = None) -> str:
+        """This rank's endpoint (and a part of it, for one per loader worker).
+
+        With `--endpoint`, rank r uses the given TCP port + r (ipc: the path
+        with "-r<r>"), so external producers can address each rank.
+        """
+        suffix = "" if part is None else f"-w{part}"
+        if cfg.endpoint:
+            if cfg.endpoint.startswith("tcp://"):
+                host, port = cfg.endpoint.rsplit(":", 1)
+                return f"{host}:{int(port) + self.rank * 16 + (part or 0)}"
+            return f"{cfg.endpoint}-r{self.rank}{suffix}"
+        return f"ipc://{self.tmpdir}/{path}{suffix}"
+
+
+class TorchInputPath(InputPath):
+    """A PyTorch input path; subclasses implement `open`, `next` and `close`."""
+
+    framework: ClassVar[str] = "torch"
+
+    def open(self, ctx: RankContext) -> None:
+        """Start what the path needs on this rank (producers, sockets, loader workers)."""
+        self.ctx = ctx
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop everything `open` started; called once, also after a failure."""
+
+    def accounting(self) -> dict:
+        """Exact counts of what reached this rank: {"producers": rows, "batches_pulled": n}, or {}."""
+        return {}
+
+    def check(self) -> None:
+        """Between steps: raise if a producer the path depends on has died."""
+
+
+def labels_of(t: torch.Tensor) -> torch.Tensor:
+    """Class labels as cross-entropy wants them (int64, one per image)."""
+    return t.reshape(-1).long()
+
+
+def rank_producer_ids(producers: int, rank: int, world: int) -> list[int]:
+    """This rank's share of the run's producers (ids 1000 x i, as the TensorFlow trainer numbers them).
+
+    Producer i goes to rank i mod world; a rank left without one gets one of its own.
+    """
+    mine = [1000 * i for i in range(producers) if i % world == rank]
+    return mine or [1000 * (producers + rank)]
+
+
+def producers_summary(tracker, batch: int, dt: float, before: dict[int, int]) -> dict | None:
+    """Producer figures from the consumer's exact counts and the native headers' extras (as the TF paths)."""
+    from profiler.telemetry import producer_figures
+
+    rows = []
+    for pid, pc in sorted(tracker.producers.items()):
+        got = pc.received - before.get(pid, 0)
+        if dt > 0 and got > 0:
+            rows.append(
+                {
+                    "producer": pid,
+                    "images_per_sec": got * batch / dt,
+                    "make_images_per_sec": float(pc.extras.get("make_images_per_sec", 0.0)),
+                    "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
+                }
+            )
+    return producer_figures(rows, batch, "consumer counts + native headers")
+
+
+def cpu_threads(local_world: int) -> int:
+    """Intra-op threads per rank: the machine's cores shared by the ranks on it."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_world))
+
+
+def start_producers(cfg: Any, endpoints: list[str], ids: list[int], folder: str):
+    """Start this rank's producers, producer k pushing to endpoints[k % len(endpoints)]; None with --endpoint.
+
+    The run binds, producers connect: the same producer processes and flags as the TensorFlow trainer.
+    """
+    if cfg.endpoint:
+        print(f"  waiting for external producers to connect to {', '.join(endpoints)}", flush=True)
+        return None
+    from runner.producer_group import ProducerGroup, producer_command
+
+    stats = [os.path.join(folder, f"producer-{pid}.json") for pid in ids]  # each producer's own figures
+    cmds = [
+        producer_command(
+            cfg.producer_kind,
+            endpoints[k % len(endpoints)],
+            pid,
+            cfg.batch,
+            cfg.image_size,
+            cfg.wire_format,
+            cfg.producer_workers,
+            cfg.hwm,
+            data=cfg.data,
+            curve_keys=cfg.curve_keys,
+            rate=cfg.producer_rate,
+            stats_file=stats[k],
+            dali_threads=cfg.dali_threads,
+        )
+        for k, pid in enumerate(ids)
+    ]
+    return ProducerGroup(cmds, ", ".join(endpoints), stats).start()
+
+
+class ProducerFed(TorchInputPath):
+    """A path fed by producer processes: starts this rank's share, and notices one that dies."""
+
+    needs_producers: ClassVar[bool] = True
+    group = None
+
+    def start(self, endpoints: list[str]) -> None:
+        self._reported: set[int] = set()
+        self.producer_ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
+        self.group = start_producers(self.cfg, endpoints, self.producer_ids, self.ctx.tmpdir)
+
+    def producer_stats(self) -> dict | None:
+        """The producers' own figures (their --stats-file), where the consumer sees no headers."""
+        from profiler.telemetry import producer_figures
+
+        if self.group is None:
+            return None
+        rows = [
+            {"producer": pid, "images_per_sec": s["images_per_sec"], "send_latency_ms": s["send_latency_ms"]}
+            for pid, s in zip(self.producer_ids, self.group.stats(), strict=True)
+            if s is not None
+        ]
+        return producer_figures(rows, self.cfg.batch, "producer stats files")
+
+    def check(self) -> None:
+        """--on-producer-exit stop: fail naming a dead producer; continue: say so once, fail when none is left."""
+        if self.group is None:
+            return
+        if self.cfg.on_producer_exit == "stop":
+            self.group.check()
+            return
+        exited = self.group.exited()
+        for i, message in exited.items():
+            if i not in self._reported:
+                self._reported.add(i)
+                print(f"  warning: rank {self.ctx.rank}: {message}; continuing with the other producers", flush=True)
+        if len(exited) == len(self.group.procs):
+            self.group.check()
+
+    def stop_producers(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+            self.group = None

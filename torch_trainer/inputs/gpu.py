@@ -1,0 +1,28 @@
+"""`gpu`: one constant batch already on each device, the ceiling every other path is measured against."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from core.registry import register
+from torch_trainer.inputs.base import RankContext, TorchInputPath
+
+
+@register
+class OnDevice(TorchInputPath):
+    name: ClassVar[str] = "gpu"
+    summary: ClassVar[str] = "a constant random batch made once on each device (the baseline)"
+    order: ClassVar[int] = 0
+    advice: ClassVar[str] = "this is the ceiling the other paths are measured against"
+
+    def open(self, ctx: RankContext) -> None:
+        super().open(ctx)
+        g = torch.Generator(device=ctx.device).manual_seed(ctx.rank)
+        b, s = self.cfg.batch, self.cfg.image_size
+        self.images = torch.randint(0, 256, (b, s, s, 3), dtype=torch.uint8, device=ctx.device, generator=g)
+        self.labels = torch.randint(0, 1000, (b,), dtype=torch.int64, device=ctx.device, generator=g)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images, self.labels

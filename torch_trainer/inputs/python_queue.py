@@ -1,0 +1,124 @@
+"""`python-queue`: a Python thread pulls batches from the producers, copies them into pinned host memory,
+and prefetches them onto the device on a side stream (torch_trainer/prefetch.py).
+
+The PyTorch counterpart of tensorpack's QueueInput: Python and the GIL are
+paid on every batch, which is what this path is here to measure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from consumers.zmq_pull import PullConsumer, ReceiveTimeout
+from core.errors import InputError
+from core.registry import register
+from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of, producers_summary
+from torch_trainer.prefetch import Prefetcher
+
+POLL_S = 0.2  # the thread checks for a stop this often while no batch arrives
+
+
+def pull(consumer: PullConsumer, timeout: float, stopped) -> Iterator[list[np.ndarray]]:
+    """Batches from `consumer`, polling in short slices so a stop is seen; ReceiveTimeout after `timeout` s."""
+    waited = 0.0
+    while not stopped():
+        try:
+            arrays = consumer.recv().arrays
+        except ReceiveTimeout:
+            waited += POLL_S
+            if waited >= timeout:
+                raise ReceiveTimeout(f"no batch from {consumer.endpoint} within {timeout:g} s") from None
+            continue
+        waited = 0.0
+        yield arrays
+
+
+@register
+class PythonQueue(ProducerFed):
+    name: ClassVar[str] = "python-queue"
+    summary: ClassVar[str] = "a Python thread pulls from the producers into pinned memory, prefetched on a side stream"
+    order: ClassVar[int] = 20
+    advice: ClassVar[str] = "the Python receive loop limits: use zmq-consume (native receive threads)"
+    depth: ClassVar[int] = 4
+
+    consumer: PullConsumer | None = None
+    feeder: Prefetcher | None = None
+
+    def open(self, ctx: RankContext) -> None:
+        super().open(ctx)
+        cfg = self.cfg
+        endpoint = ctx.endpoint(cfg, self.name)
+        self.consumer = PullConsumer(
+            endpoint, True, cfg.hwm, POLL_S, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys
+        )  # fmt: skip
+        self.start([endpoint])
+        consumer = self.consumer
+        self.feeder = Prefetcher(
+            lambda: pull(consumer, cfg.recv_timeout, lambda: self.feeder is not None and self.feeder.stopped()),
+            ctx.device,
+            depth=self.depth,
+            name="python-queue",
+        )
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            images, labels = self.feeder.next()
+        except ReceiveTimeout as e:
+            raise InputError(f"{self.name}: {e}") from None
+        return images, labels_of(labels)
+
+    def measure_start(self) -> None:
+        c = self.consumer
+        self._t0, self._n0, self._b0 = time.perf_counter(), c.batches, c.bytes
+        self._l0, self._w0 = c.latency_s, c.wait_s
+        self._recv0 = {pid: pc.received for pid, pc in c.tracker.producers.items()}
+
+    def measure_end(self) -> None:
+        c = self.consumer
+        self._t1, self._n1, self._b1, self._l1, self._w1 = (
+            time.perf_counter(),
+            c.batches,
+            c.bytes,
+            c.latency_s,
+            c.wait_s,
+        )
+
+    def stage_figures(self) -> dict[str, dict]:
+        out: dict = {}
+        sizes = self.feeder.queue_sizes if self.feeder else []
+        if sizes:
+            out["queue"] = {
+                "capacity": self.depth,
+                "mean": sum(sizes) / len(sizes),
+                "empty_share": sum(1 for q in sizes if q == 0) / len(sizes),
+                "full_share": sum(1 for q in sizes if q >= self.depth) / len(sizes),
+            }
+        if hasattr(self, "_t1"):
+            dt, dn = self._t1 - self._t0, self._n1 - self._n0
+            if dt > 0 and dn > 0:
+                out["wire"] = {
+                    "messages_per_sec": dn / dt,
+                    "bytes_per_sec": (self._b1 - self._b0) / dt,
+                    "latency_ms_mean": 1e3 * (self._l1 - self._l0) / dn,
+                    "recv_wait_ms_mean": 1e3 * (self._w1 - self._w0) / dn,
+                    "source": "consumer counters",
+                }
+            out["producers"] = producers_summary(self.consumer.tracker, self.cfg.batch, dt, self._recv0)
+        return out
+
+    def accounting(self) -> dict:
+        if self.consumer is None:
+            return {}
+        return {"producers": self.consumer.tracker.table(), "batches_pulled": self.consumer.batches}
+
+    def close(self) -> None:
+        if self.feeder is not None:
+            self.feeder.close()
+        self.stop_producers()
+        if self.consumer is not None and (self.feeder is None or not self.feeder.alive()):
+            self.consumer.close()

@@ -1,0 +1,103 @@
+"""`spdl`: a current loader for reference, SPDL's pipeline decoding the JPEG folder in the trainer process.
+
+SPDL (Meta's Scalable and Performant Data Loading) runs each stage of a
+pipeline on a thread pool with its own concurrency: here list -> read and
+decode (`--dali-threads` at once) -> batch, then the pinned-memory,
+side-stream feeder of python-queue. The decode is feedbench's own
+(simplejpeg with the same random-resized crop and flip as the decode
+producer): spdl.io's FFmpeg decoders need FFmpeg's shared libraries, which
+the spdl wheel does not bring, and the same decode keeps the comparison about
+the loader. Each rank decodes its own shard of the files.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from core.errors import ConfigError
+from core.registry import register
+from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
+from torch_trainer.prefetch import Prefetcher
+
+
+@register
+class Spdl(TorchInputPath):
+    name: ClassVar[str] = "spdl"
+    summary: ClassVar[str] = "SPDL's pipeline decodes the JPEG folder in the trainer (reference loader)"
+    order: ClassVar[int] = 60
+    in_default_run: ClassVar[bool] = False
+    advice: ClassVar[str] = "raise the decode concurrency (--dali-threads), or decode in producers on other cores"
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        if not cfg.data or not os.path.isdir(cfg.data):
+            raise ConfigError(
+                "--fake-location spdl needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
+            )
+        try:
+            import spdl.pipeline  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(f"--fake-location spdl: SPDL is not installed ({e}); pip install spdl") from None
+
+    def open(self, ctx: RankContext) -> None:
+        super().open(ctx)
+        from spdl.pipeline import PipelineBuilder
+
+        from producers.decode import DECODERS, DEFAULT_DECODER, list_images
+
+        cfg = self.cfg
+        files, labels, _ = list_images(cfg.data, None)
+        shard = list(range(ctx.rank, len(files), ctx.world)) or list(range(len(files)))
+        root = Path(cfg.data)
+        decode = DECODERS[DEFAULT_DECODER]
+        size = cfg.image_size
+
+        def indices():
+            for epoch in range(1 << 62):
+                order = list(shard)
+                random.Random(f"{ctx.rank}/{epoch}").shuffle(order)
+                yield from order
+
+        def load(i: int) -> tuple[np.ndarray, int]:
+            out = np.empty((size, size, 3), np.uint8)
+            decode((root / files[i]).read_bytes(), random.Random(i), out)
+            return out, labels[i]
+
+        def collate(items: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
+            return [np.stack([im for im, _ in items]), np.array([lb for _, lb in items], np.int32)]
+
+        threads = max(1, cfg.dali_threads)
+        self.pipeline = (
+            PipelineBuilder()
+            .add_source(indices())
+            .pipe(load, concurrency=threads)
+            .aggregate(cfg.batch, drop_last=True)
+            .pipe(collate)
+            .add_sink(buffer_size=2)
+            .build(num_threads=threads + 1)
+        )
+        self.pipeline.start()
+        pipeline = self.pipeline
+        self.feeder = Prefetcher(
+            lambda: pipeline.get_iterator(timeout=cfg.recv_timeout), ctx.device, depth=2, name="spdl"
+        )  # fmt: skip
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = self.feeder.next()
+        return images, labels_of(labels)
+
+    def stage_figures(self) -> dict[str, dict]:
+        return {"decoder": {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.dali_threads)}}
+
+    def accounting(self) -> dict:
+        return {"batches_pulled": self.feeder.batches}
+
+    def close(self) -> None:
+        self.pipeline.stop(timeout=10)
+        self.feeder.close()

@@ -1,0 +1,166 @@
+"""`zmq-consume`: native receive threads (C++, no Python per batch) write each batch straight into
+pinned host memory; the step then copies it to the device asynchronously on a side stream.
+
+The receiver (zmq_ops/receiver.py) shares the TensorFlow op's connection,
+decoders and per-producer accounting; here its slots are page-locked torch
+tensors, so a batch is copied once off the socket and once to the device.
+While the step trains on batch k, batch k+1's copy is already under way.
+Without a GPU the slot itself is the step's input (no copy at all).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import torch
+
+from core.errors import ConfigError, InputError
+from core.registry import register
+from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of
+
+SLOTS = 4  # pinned buffers in the ring: one the step uses, one being copied, the rest filled ahead
+
+
+def _receiver_module():
+    try:
+        from zmq_ops import receiver
+    except ImportError as e:
+        raise ConfigError(f"--fake-location zmq-consume: the native receiver is not available ({e})") from None
+    return receiver
+
+
+@register
+class ZmqConsume(ProducerFed):
+    name: ClassVar[str] = "zmq-consume"
+    summary: ClassVar[str] = "native receive threads write batches into pinned memory; async copy to the device"
+    order: ClassVar[int] = 40
+    advice: ClassVar[str] = "the native receiver limits: check the wire format (native is one copy fewer) and --hwm"
+
+    receiver = None
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        rx = _receiver_module()
+        try:
+            rx.library()  # built here, once, if missing or stale: before the ranks start
+        except Exception as e:
+            raise ConfigError(f"--fake-location zmq-consume: the native receiver does not build: {e}") from None
+
+    def open(self, ctx: RankContext) -> None:
+        super().open(ctx)
+        rx = _receiver_module()
+        cfg = self.cfg
+        self.cuda = ctx.device.type == "cuda"
+        b, s = cfg.batch, cfg.image_size
+        specs = [("uint8", (b, s, s, 3)), ("int32", (b,))]
+        self.slots = [
+            [torch.empty(shape, dtype=getattr(torch, dt), pin_memory=self.cuda) for dt, shape in specs]
+            for _ in range(SLOTS)
+        ]
+        endpoint = ctx.endpoint(cfg, self.name)
+        self.receiver = rx.Receiver(
+            endpoint,
+            specs,
+            self.slots,
+            hwm=cfg.hwm,
+            timeout_ms=int(cfg.recv_timeout * 1000),
+            max_msg_size=cfg.max_msg_size or -1,
+            bind=True,
+            curve_keys=cfg.curve_keys,
+            allow_remote=cfg.allow_remote,
+        )
+        self._timeout = rx.ReceiveTimeout
+        self.stream = torch.cuda.Stream(ctx.device) if self.cuda else None
+        self._copying: list[tuple[int, torch.cuda.Event]] = []  # slots whose copy to the device may be running
+        self._held: int | None = None  # CPU: the slot the step is reading
+        self._ready = None  # GPU: the next batch, its copy already started
+        self.start([endpoint])
+
+    def _take(self) -> int:
+        try:
+            return self.receiver.next()
+        except self._timeout as e:
+            raise InputError(f"{self.name}: {e}") from None
+
+    def _fetch(self):
+        """Take the next filled slot and start its copy to the device on the side stream."""
+        while len(self._copying) >= SLOTS - 1:  # leave the receive threads a slot to fill
+            held, ev = self._copying.pop(0)
+            ev.synchronize()
+            self.receiver.release(held)
+        slot = self._take()
+        with torch.cuda.stream(self.stream):
+            dev = [t.to(self.ctx.device, non_blocking=True) for t in self.slots[slot]]
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        self._copying.append((slot, ev))
+        return dev, ev
+
+    def _release_copied(self) -> None:
+        keep = []
+        for slot, ev in self._copying:
+            if ev.query():
+                self.receiver.release(slot)
+            else:
+                keep.append((slot, ev))
+        self._copying = keep
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.cuda:
+            if self._held is not None:
+                self.receiver.release(self._held)
+                self._held = None
+            self._held = self._take()
+            images, labels = self.slots[self._held]
+            return images, labels_of(labels)
+        self._release_copied()
+        if self._ready is None:
+            self._ready = self._fetch()
+        (images, labels), ev = self._ready
+        current = torch.cuda.current_stream(self.ctx.device)
+        current.wait_event(ev)
+        for t in (images, labels):
+            t.record_stream(current)
+        self._ready = self._fetch()  # the next batch's copy overlaps this step
+        return images, labels_of(labels)
+
+    def measure_start(self) -> None:
+        _, n, nbytes = self.receiver.stats()
+        self._w0 = (time.perf_counter(), n, nbytes)
+
+    def measure_end(self) -> None:
+        _, n, nbytes = self.receiver.stats()
+        self._w1 = (time.perf_counter(), n, nbytes)
+        self._final = self.receiver.stats()
+        self._producers = self.producer_stats()
+
+    def stage_figures(self) -> dict[str, dict]:
+        if not hasattr(self, "_w1"):
+            return {}
+        (t0, n0, b0), (t1, n1, b1) = self._w0, self._w1
+        if t1 <= t0 or n1 <= n0:
+            return {}
+        wire = {
+            "messages_per_sec": (n1 - n0) / (t1 - t0),
+            "bytes_per_sec": (b1 - b0) / (t1 - t0),
+            "latency_ms_mean": None,
+            "recv_wait_ms_mean": None,
+            "source": "native receiver counters",
+        }
+        return {"wire": wire, "producers": self._producers}
+
+    def accounting(self) -> dict:
+        if not hasattr(self, "_final"):
+            return {}
+        rows, messages, _ = self._final
+        keys = ("producer", "received", "lost", "duplicated", "restarts")
+        return {"producers": [dict(zip(keys, map(int, r), strict=True)) for r in rows], "batches_pulled": int(messages)}
+
+    def close(self) -> None:
+        if self.receiver is not None:
+            if self.cuda:
+                torch.cuda.synchronize(self.ctx.device)  # no copy may still read a slot
+            self.receiver.close()
+            self.receiver = None
+        self.stop_producers()

@@ -1,0 +1,149 @@
+"""Step timing on each rank, and one result for the whole run from every rank's figures.
+
+The same method as the TensorFlow trainer (DLPerf / tf_cnn_benchmarks): skip
+the warm-up steps, then time `repeats` windows of `steps` steps; each window
+ends with a device synchronize, so queued GPU work is inside the window that
+launched it. Images/s of a window counts every rank's images over the slowest
+rank's wall time; the figures are the median with min and max.
+
+Input wait is what a step spends blocked in its feeder's `next()`, measured
+on every step (it costs two clock reads).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from profiler.summary import Summary
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all work queued on `device` (a no-op on the CPU, where every op has finished on return)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class RankTimer:
+    """What one rank saw: step start/end times, input waits and losses (as tensors, read once at the end)."""
+
+    warmup: int
+    steps: int
+    repeats: int
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    window_walls: list[float] = field(default_factory=list)
+
+    @property
+    def needed(self) -> int:
+        return self.warmup + self.steps * self.repeats
+
+    def window_end(self, step: int) -> bool:
+        """Whether `step` (0-based) is the last of a timed window, or of the warm-up."""
+        return step == self.warmup - 1 or (step >= self.warmup and (step - self.warmup + 1) % self.steps == 0)
+
+    def close_window(self, step: int) -> None:
+        """Called after `synchronize` at a window's last step: records the window's wall time."""
+        if step >= self.warmup:
+            first = step - self.steps + 1
+            self.window_walls.append(self.ends[step] - self.starts[first])
+
+    @staticmethod
+    def now() -> float:
+        return time.perf_counter()
+
+    def figures(self) -> dict:
+        """This rank's plain figures, small enough to gather from every rank."""
+        losses = [float(x) for x in self.losses]
+        m = slice(self.warmup, self.needed)
+        walls = np.array(self.ends[m]) - np.array(self.starts[m])
+        waits = np.array(self.waits[m])
+        return {
+            "steps_run": len(self.ends),
+            "window_walls": self.window_walls,
+            "step_ms": (walls * 1e3).tolist(),
+            "wait_ms": (waits * 1e3).tolist(),
+            "final_loss": losses[-1] if losses else float("nan"),
+            "loss_finite": bool(losses) and all(math.isfinite(x) for x in losses),
+        }
+
+
+def _percentiles(ms: list[float]) -> dict:
+    a = np.array(ms) if ms else np.zeros(1)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+
+
+def wait_share(rank: dict) -> float | None:
+    total = sum(rank["step_ms"])
+    return min(1.0, sum(rank["wait_ms"]) / total) if total > 0 else None
+
+
+def combine(ranks: list[dict], batch: int, steps: int) -> dict:
+    """One result (the TensorFlow trainer's schema) from every rank's `figures()` plus its identity fields."""
+    world = len(ranks)
+    repeats = min(len(r["window_walls"]) for r in ranks)
+    if repeats == 0:
+        raise RuntimeError("no timed window completed")
+    rates = [world * batch * steps / max(r["window_walls"][i] for r in ranks) for i in range(repeats)]
+    total = Summary.of(rates)
+    per_rank = []
+    for r in ranks:
+        share = wait_share(r)
+        per_rank.append(
+            {
+                "rank": r["rank"],
+                "host": r["host"],
+                "device": r["device"],
+                "images_per_sec": Summary.of([batch * steps / w for w in r["window_walls"]]).to_dict(),
+                "input_wait_share": share,
+                "input_wait_ms_mean": statistics.mean(r["wait_ms"]) if r["wait_ms"] else None,
+                "step_time_ms": _percentiles(r["step_ms"]),
+                "final_loss": r["final_loss"],
+            }
+        )
+    # Every rank's measured steps together: the run's input share, as the TensorFlow profiler defines it.
+    all_wait = [w for r in ranks for w in r["wait_ms"]]
+    all_step = sum(sum(r["step_ms"]) for r in ranks)
+    telemetry = {
+        "sampled_steps": len(ranks[0]["step_ms"]),
+        "sample_every": 1,
+        "input_wait_ms": {"mean": statistics.mean(all_wait), "max": max(all_wait)} if all_wait else None,
+        "input_wait_share": min(1.0, sum(all_wait) / all_step) if all_step > 0 else None,
+        "per_rank": [
+            {
+                "rank": p["rank"],
+                "input_wait_share": p["input_wait_share"],
+                "input_wait_ms_mean": p["input_wait_ms_mean"],
+            }
+            for p in per_rank
+        ],
+    }
+    straggler = None
+    if world > 1:
+        worst = max(per_rank, key=lambda p: p["input_wait_ms_mean"] or 0.0)
+        straggler = {
+            "rank": worst["rank"],
+            "host": worst["host"],
+            "input_wait_share": worst["input_wait_share"],
+            "input_wait_ms_mean": worst["input_wait_ms_mean"],
+            "why": "waits longest for its input; the other ranks wait for it in every gradient all-reduce",
+        }
+    return {
+        "images_per_sec": total.to_dict(),
+        "images_per_sec_per_device": total.scaled(1 / world).to_dict(),
+        "step_time_ms": _percentiles(ranks[0]["step_ms"]),
+        "final_loss": ranks[0]["final_loss"],
+        "loss_finite": all(r["loss_finite"] for r in ranks),
+        "steps_run": min(r["steps_run"] for r in ranks),
+        "ranks": per_rank,
+        "straggler": straggler,
+        "telemetry": telemetry,
+    }

@@ -1,0 +1,74 @@
+"""The model each rank trains: torchvision's ResNet-50 (v1.5 or v1), an input-only stand-in, or an emulated device.
+
+torchvision's ResNet-50 is v1.5: a downsampling bottleneck strides on its 3x3
+conv. v1 (the original paper, tensorpack's benchmark) strides on the first
+1x1 conv instead; `resnet50(version="1")` moves the stride there, nothing
+else changes (25,557,032 parameters either way).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from torchvision.models import resnet50 as tv_resnet50
+from torchvision.models.resnet import Bottleneck
+
+from core.errors import ConfigError
+
+NUM_CLASSES = 1000
+# ImageNet channel statistics in the 0-255 pixel scale (RGB), as the TensorFlow model uses them.
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def resnet50(version: str = "1.5", num_classes: int = NUM_CLASSES) -> nn.Module:
+    """torchvision's ResNet-50, randomly initialised; version "1" strides on the first 1x1 conv."""
+    if version not in ("1", "1.5"):
+        raise ConfigError(f"--resnet-version {version!r}: choose 1 or 1.5")
+    model = tv_resnet50(weights=None, num_classes=num_classes)
+    if version == "1":
+        for block in model.modules():
+            if isinstance(block, Bottleneck) and block.conv2.stride != (1, 1):
+                block.conv1.stride, block.conv2.stride = block.conv2.stride, (1, 1)
+    return model
+
+
+class InputOnly(nn.Module):
+    """No model (--input-only): one trainable scalar touched by the batch, so every input byte is read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float().mean(dim=(1, 2, 3)) * self.scale).unsqueeze(1).expand(-1, 2)
+
+
+class EmulatedDevice(nn.Module):
+    """A device that takes `batch / rate` seconds per step without using host CPU (it sleeps).
+
+    The hook for `--model emulated`: the rate and where it comes from are
+    given by whoever selects it, and every report labels the run as emulated.
+    """
+
+    def __init__(self, images_per_sec: float) -> None:
+        super().__init__()
+        if images_per_sec <= 0:
+            raise ConfigError(f"emulated device rate {images_per_sec:g} must be above 0 images/s")
+        self.images_per_sec = images_per_sec
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(x.shape[0] / self.images_per_sec)
+        return (x[:, :1, :1, :1].float().flatten(1) * self.scale).expand(-1, 2)
+
+
+def normalize(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """uint8 NHWC images on the device -> float32 NCHW (channels-last in memory for NHWC), ImageNet-normalised."""
+    x = images.permute(0, 3, 1, 2).float()  # an NHWC tensor viewed as NCHW is channels-last already
+    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
+    x = (x - mean) / std
+    return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -1,0 +1,514 @@
+"""Train ResNet-50 on every rank, fed by one input path at a time, and report one combined result.
+
+Two sides:
+
+- `main(cfg, args)` is `bench_input.py --framework torch`: it refuses flags
+  that mean nothing in PyTorch, starts torchrun (launch.py), and prints and
+  writes the report rank 0 combined.
+- `python -m torch_trainer.run` is what torchrun starts on each rank: DDP
+  (NCCL on GPUs, gloo on CPU devices), the model, and the measured loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+
+from core.config import BenchConfig, apply_defaults
+from core.errors import ConfigError, FeedbenchError, InputError
+from core.registry import BASELINE
+
+HALF_CUDA, HALF_CPU = "float16", "bfloat16"  # --use-fp16: autocast's half type on each kind of device
+
+
+# --- the parent: bench_input.py --framework torch ------------------------------------------------
+
+
+def refuse(cfg: BenchConfig, args: argparse.Namespace) -> None:
+    """One ConfigError line for a flag that has no meaning (or no implementation) with --framework torch."""
+    if cfg.variable_update == "parameter_server":
+        raise ConfigError(
+            "--variable-update parameter_server: PyTorch's DistributedDataParallel all-reduces gradients "
+            "(replicated); there is no parameter server with --framework torch"
+        )
+    if cfg.variable_update == "horovod":
+        raise ConfigError("--variable-update horovod: --framework torch uses torchrun and DistributedDataParallel")
+    if cfg.ps_device != "cpu":
+        raise ConfigError("--ps-device: there is no parameter server with --framework torch")
+    if cfg.profile_dir:
+        raise ConfigError("--profile writes a TensorFlow trace; it is not available with --framework torch")
+
+
+def describe_machine(torch_mod) -> dict:
+    gpus = [torch_mod.cuda.get_device_name(i) for i in range(torch_mod.cuda.device_count())]
+    extra = {}
+    if gpus:
+        from torch_trainer.bandwidth import copy_gbps
+
+        # The ceiling of every path that copies batches to the device (about 2 s to measure).
+        extra["h2d_gbps"] = {"pinned": copy_gbps(256_000_000, True), "pageable": copy_gbps(256_000_000, False)}
+    return {
+        **extra,
+        "gpus": gpus,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_cores": os.cpu_count(),
+        "torch": torch_mod.__version__,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+    }
+
+
+def rank_table(results: dict[str, dict]) -> str:
+    """Per rank: images/s and input wait, so a straggling rank is named."""
+    from tabulate import tabulate
+
+    rows = []
+    for path, r in results.items():
+        for p in r.get("ranks", []):
+            share = p["input_wait_share"]
+            rows.append(
+                [
+                    path,
+                    p["rank"],
+                    p["host"],
+                    p["device"],
+                    f"{p['images_per_sec']['median']:.1f}",
+                    "n/a" if share is None else f"{100 * share:.0f}%",
+                    f"{p['input_wait_ms_mean']:.1f}" if p["input_wait_ms_mean"] is not None else "n/a",
+                ]
+            )
+    headers = ["input path", "rank", "host", "device", "images/s", "input wait", "wait ms/step"]
+    return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple | None = None) -> int:
+    """bench_input.py --framework torch, after its flag checks: launch the ranks on torchrun, then report.
+
+    `check_machine(cfg, gpus)` is the CLI's own check of devices and memory; `sweep` is
+    (the config before defaults, the grid) for --sweep: one torchrun launch per grid point.
+    """
+    from torch_trainer.launch import Nodes
+
+    refuse(cfg, args)
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    nodes.check()
+    import torch
+
+    gpus = torch.cuda.device_count()
+    notes = apply_defaults(cfg, gpus)
+    check_machine(cfg, gpus)
+    if sweep is not None:
+        return _sweep(*sweep, gpus, nodes, args.out or "results")
+    for note in notes:
+        print(f"note: {note}")
+    world = cfg.num_gpus * nodes.nnodes
+    print(_header(cfg, torch.__version__, gpus, nodes), flush=True)
+    started = time.time()
+    doc = _launch(cfg, nodes)
+    if doc is None:
+        return 0 if nodes.node_rank != 0 else 2
+    results: dict[str, dict] = doc["paths"]
+    _print_report(cfg, results, world)
+    device = {**doc["device"], "ranks": world, "nodes": nodes.nnodes}
+    config = {**cfg.to_dict(), "framework": "torch", "nnodes": nodes.nnodes}
+    if args.out:
+        from core import registry
+        from profiler.sweep import rows_of, write_results
+
+        rows = rows_of([{"config": config, "paths": results}])
+        files = write_results(args.out, {"framework": "torch", "device": device, "rows": rows}, registry.names("torch"))
+        print("\n" + "\n".join(f"wrote {f}" for f in files))
+    if cfg.json_path:
+        from profiler import report
+
+        base = results.get(BASELINE, {}).get("images_per_sec")
+        report.write_json(
+            cfg.json_path,
+            {
+                "framework": "torch",
+                "config": config,
+                "device": device,
+                "reference": {"baseline": BASELINE, "baseline_images_per_sec": base},
+                "started": started,
+                "paths": results,
+            },
+        )
+        print(f"\nwrote {cfg.json_path}")
+    return 0
+
+
+def _header(cfg: BenchConfig, version: str, gpus: int, nodes) -> str:
+    world = cfg.num_gpus * nodes.nnodes
+    kind = "GPU" if gpus else "CPU"
+    half = f", AMP {HALF_CUDA if gpus else HALF_CPU}" if cfg.use_fp16 else ""
+    compiled = ", torch.compile" if cfg.use_xla_compile else ""
+    ddp = f", DDP {'nccl' if gpus else 'gloo'}" if world > 1 and not cfg.input_only else ""
+    return (
+        f"feedbench (PyTorch {version}): ResNet-50 v{cfg.resnet_version}"
+        f"{' (input only)' if cfg.input_only else ''}, {world} {kind} rank(s)"
+        f"{f' on {nodes.nnodes} nodes' if nodes.nnodes > 1 else ''} x batch {cfg.batch}, "
+        f"{cfg.image_size}x{cfg.image_size} {cfg.data_format}{half}{compiled}{ddp}, "
+        f"{cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps"
+    )
+
+
+def _launch(cfg: BenchConfig, nodes) -> dict | None:
+    """One torchrun launch of every path in `cfg`; rank 0's document, or None on other nodes.
+
+    Raises InputError with the failing rank's line (or torchrun's exit code).
+    """
+    from torch_trainer.launch import launch
+
+    if cfg.max_msg_size is None:
+        cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
+    with tempfile.TemporaryDirectory(prefix="feedbench-") as tmp:
+        rc, doc, errors = launch(cfg.num_gpus, nodes, cfg.to_dict(), tmp)
+    if errors:
+        raise InputError(errors[0])
+    if rc != 0:
+        raise InputError(f"torchrun exited with code {rc} (see the ranks' output above)")
+    if nodes.node_rank != 0:
+        print(f"node {nodes.node_rank}: done; node 0 writes the report")
+        return None
+    if doc is None:
+        raise InputError("rank 0 wrote no result")
+    return doc
+
+
+def _print_report(cfg: BenchConfig, results: dict[str, dict], world: int) -> None:
+    """Ratios and verdicts into `results`; the tables on stdout."""
+    from profiler import report
+    from profiler.verdict import add_verdicts, line
+    from profiler.verdict import table as verdict_table
+
+    report.add_ratios(results)
+    print()
+    print(report.table(results, world, cfg.input_only))
+    if world > 1:
+        print()
+        print(rank_table(results))
+        for path, r in results.items():
+            s = r.get("straggler")
+            if s and s["input_wait_share"] and s["input_wait_share"] >= 0.05:
+                print(f"{path}: rank {s['rank']} ({s['host']}) straggles: {s['why']}")
+    if cfg.telemetry:
+        add_verdicts(results)
+        print()
+        print(verdict_table(results))
+        print()
+        for path, r in results.items():
+            print(line(path, r["verdict"]))
+
+
+def _sweep(base: BenchConfig, grid: dict, gpus: int, nodes, out: str) -> int:
+    """--sweep: every grid point is one torchrun launch of its paths; results.{json,csv,md,png} in `out`."""
+    import os
+
+    import torch
+
+    from core import registry
+    from profiler import report
+    from profiler.sweep import points, rows_of, write_results
+    from profiler.verdict import add_verdicts
+
+    configs = points(base, grid)
+    runs = []
+    started = time.time()
+    for i, cfg in enumerate(configs, 1):
+        notes = apply_defaults(cfg, gpus)
+        if i == 1:
+            for note in notes:
+                print(f"note: {note}")
+        print(f"[{i}/{len(configs)}] {_header(cfg, torch.__version__, gpus, nodes)}", flush=True)
+        doc = _launch(cfg, nodes)
+        if doc is None:
+            continue
+        results = doc["paths"]
+        report.add_ratios(results)
+        if cfg.telemetry:
+            add_verdicts(results)
+        runs.append({"config": {**cfg.to_dict(), "framework": "torch", "nnodes": nodes.nnodes}, "paths": results})
+    if nodes.node_rank != 0:
+        return 0
+    doc = {
+        "framework": "torch",
+        "grid": dict(grid),
+        "device": {**describe_machine(torch), "nodes": nodes.nnodes},
+        "started": started,
+        "title": f"PyTorch, {'input only' if base.input_only else 'ResNet-50'}, {configs[0].image_size}px",
+        "rows": rows_of(runs),
+        "runs": runs,
+    }
+    files = write_results(out, doc, registry.names("torch"))
+    print()
+    print(open(os.path.join(out, "results.md")).read())
+    print("\n".join(f"wrote {f}" for f in files))
+    return 0
+
+
+def expected_message_size(batch: int, image_size: int) -> int:
+    """The receive cap (as the TensorFlow trainer sets it): the largest message a producer should send."""
+    return int((batch * image_size * image_size * 3 + batch * 4) * 1.25) + 64 * 1024
+
+
+# --- each rank: python -m torch_trainer.run (started by torchrun) --------------------------------
+
+
+def build(cfg: BenchConfig, device, world: int):
+    """(model as trained, optimizer, grad scaler or None, autocast dtype or None) for one path's run."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torch_trainer import models
+
+    if cfg.input_only:
+        model = models.InputOnly()
+    elif getattr(cfg, "model", "resnet50") == "emulated":
+        model = models.EmulatedDevice(float(getattr(cfg, "emulated_rate", 0) or 0))
+    else:
+        model = models.resnet50(cfg.resnet_version)
+    model = model.to(device)
+    channels_last = cfg.data_format == "NHWC"
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if world > 1 and not cfg.input_only:
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # The linear scaling rule (0.1 per 256 images), as the TensorFlow trainer: tiny CPU batches would diverge.
+    lr = 0.1 * cfg.batch * world / 256
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    if cfg.use_xla_compile:
+        model = torch.compile(model)  # --use-xla-compile: PyTorch's compiler; compiling happens in the warm-up
+    amp = None
+    scaler = None
+    if cfg.use_fp16:
+        amp = torch.float16 if device.type == "cuda" else torch.bfloat16
+        if amp is torch.float16:
+            scaler = torch.amp.GradScaler("cuda")  # float16 needs loss scaling; bfloat16 has float32's range
+    return model, opt, scaler, amp
+
+
+def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
+    """Warm-up + steps x repeats on this rank, fed by path `name`; this rank's figures."""
+    import torch
+    import torch.nn.functional as F
+
+    from core import registry
+    from torch_trainer.measure import RankTimer, synchronize
+    from torch_trainer.models import normalize
+
+    model, opt, scaler, amp = build(cfg, ctx.device, ctx.world)
+    path = registry.get("torch", name)(cfg)
+    timer = RankTimer(cfg.warmup_steps, cfg.steps, cfg.repeats)
+    channels_last = cfg.data_format == "NHWC"
+    show = ctx.rank == 0 and cfg.telemetry
+    try:
+        path.open(ctx)
+        for step in range(timer.needed):
+            if step == cfg.warmup_steps:
+                getattr(path, "measure_start", lambda: None)()
+            t0 = time.perf_counter()
+            images, labels = path.next()
+            t1 = time.perf_counter()
+            x = normalize(images, channels_last)
+            with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                out = model(x)
+            loss = out.float().mean() if cfg.input_only else F.cross_entropy(out.float(), labels)
+            opt.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            timer.losses.append(loss.detach())
+            if timer.window_end(step):
+                synchronize(ctx.device)  # a timed window ends when the device has done its work
+            timer.starts.append(t0)
+            timer.waits.append(t1 - t0)
+            timer.ends.append(time.perf_counter())
+            if timer.window_end(step):
+                timer.close_window(step)
+                if show and step >= cfg.warmup_steps:
+                    rate = cfg.batch * cfg.steps / timer.window_walls[-1]
+                    print(
+                        f"  window {len(timer.window_walls)}/{cfg.repeats}: {rate:.1f} images/s on rank 0", flush=True
+                    )
+            path.check()
+        getattr(path, "measure_end", lambda: None)()
+        synchronize(ctx.device)
+        figures = timer.figures()
+        figures["stages"] = path.stage_figures()
+        figures.update(path.accounting())
+        figures["batches_trained"] = timer.needed
+    except FeedbenchError:
+        raise
+    except Exception as e:  # a producer that died, a receive that timed out: one line naming the path
+        from runner.producer_group import ProducerDied
+
+        if isinstance(e, (ProducerDied, TimeoutError, RuntimeError)):
+            raise InputError(
+                f"{name}: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}"
+            ) from e
+        raise
+    finally:
+        path.close()
+    return figures
+
+
+def _mean_known(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _merge_stages(ranks: list[dict]) -> dict:
+    """The telemetry stages of all ranks as one: queue figures averaged, wire and producer rates summed."""
+    out: dict = {"queue": None, "staging": None, "wire": None, "producers": None}
+    qs = [r["stages"]["queue"] for r in ranks if r["stages"].get("queue")]
+    if qs:
+        out["queue"] = {k: (qs[0][k] if k == "capacity" else sum(q[k] for q in qs) / len(qs)) for k in qs[0]}
+    ws = [r["stages"]["wire"] for r in ranks if r["stages"].get("wire")]
+    if ws:
+        out["wire"] = {
+            "messages_per_sec": sum(w["messages_per_sec"] for w in ws),
+            "bytes_per_sec": sum(w["bytes_per_sec"] for w in ws),
+            "latency_ms_mean": _mean_known(w["latency_ms_mean"] for w in ws),
+            "recv_wait_ms_mean": _mean_known(w["recv_wait_ms_mean"] for w in ws),
+            "source": ws[0]["source"],
+        }
+    ps = [r["stages"]["producers"] for r in ranks if r["stages"].get("producers")]
+    if ps:
+        shares = [p["send_wait_share"] for p in ps if p["send_wait_share"] is not None]
+        out["producers"] = {
+            "source": ps[0]["source"],
+            "count": sum(p["count"] for p in ps),
+            "images_per_sec": sum(p["images_per_sec"] for p in ps),
+            "send_latency_ms": sum(p["send_latency_ms"] for p in ps) / len(ps),
+            "send_wait_share": sum(shares) / len(shares) if shares else None,
+            "per_producer": [row for p in ps for row in p["per_producer"]],
+        }
+    return out
+
+
+def combined(cfg: BenchConfig, name: str, ranks: list[dict], amp) -> dict:
+    """Rank 0: the path's result in the shared schema, from every rank's figures."""
+    from torch_trainer.measure import combine
+
+    result = combine(ranks, cfg.batch, cfg.steps)
+    result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
+    from core import registry
+
+    result["input"] = registry.get("torch", name)(cfg).describe()  # the verdict's words for this path
+    result["amp"] = str(amp).replace("torch.", "") if amp is not None else None
+    if any("producers" in r for r in ranks):
+        result["producers"] = [{"rank": r["rank"], **row} for r in ranks for row in r.get("producers", [])]
+    if any("batches_pulled" in r for r in ranks):
+        result["batches_pulled"] = sum(r.get("batches_pulled", 0) for r in ranks)
+        result["batches_pulled_per_rank"] = [r.get("batches_pulled", 0) for r in ranks]
+    result["batches_trained"] = sum(r["batches_trained"] for r in ranks)
+    if cfg.telemetry:
+        result["telemetry"].update(_merge_stages(ranks))
+        result["telemetry"]["trainer"] = {
+            "images_per_sec": result["images_per_sec"]["median"],
+            "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],
+            "step_time_ms": result["step_time_ms"],
+        }
+    else:
+        result.pop("telemetry")
+    return result
+
+
+def worker(argv: list[str] | None = None) -> int:
+    """One rank, as torchrun starts it: train every path of the config, gather, rank 0 writes the result."""
+    from runner import shutdown
+
+    shutdown.install()  # SIGTERM from torchrun (another rank failed) stops this rank's producers too
+    p = argparse.ArgumentParser(prog="python -m torch_trainer.run")
+    p.add_argument("--config", required=True)
+    p.add_argument("--result-dir", required=True)
+    a = p.parse_args(argv)
+    raw = json.load(open(a.config))
+    raw["shrunk"] = {k: tuple(v) for k, v in raw.get("shrunk", {}).items()}
+    cfg = BenchConfig(**{k: v for k, v in raw.items() if k in BenchConfig.__dataclass_fields__})
+    for k, v in raw.items():  # fields of other workstreams' configs (e.g. --model) ride along
+        if k not in BenchConfig.__dataclass_fields__:
+            setattr(cfg, k, v)
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    import torch
+    import torch.distributed as dist
+
+    from torch_trainer.inputs.base import RankContext, cpu_threads
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or cpu_threads(local_world)))
+    torch.manual_seed(0)
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    results: dict[str, dict] = {}
+    rank_dir = os.path.join(a.result_dir, f"r{rank}")
+    os.makedirs(rank_dir, exist_ok=True)
+    host = socket.gethostname()
+    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    code = 0
+    try:
+        for name in cfg.paths:
+            if rank == 0:
+                print(f"- {name} ...", flush=True)
+            t0 = time.perf_counter()
+            ctx = RankContext(rank, world, local_rank, device, rank_dir)
+            figures = train_path(cfg, name, ctx)
+            figures.update(rank=rank, host=host, device=dev_name)
+            gathered: list = [None] * world
+            dist.all_gather_object(gathered, figures)
+            if rank == 0:
+                amp = build_amp(cfg, device)
+                results[name] = combined(cfg, name, gathered, amp)
+                r = results[name]
+                print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if rank == 0:
+            from core.atomic import atomic_write
+
+            doc = {"device": describe_machine(torch), "paths": results}
+            atomic_write(os.path.join(a.result_dir, "result.json"), json.dumps(doc))
+    except FeedbenchError as e:
+        _error(a.result_dir, rank, str(e))
+        code = e.exit_code
+    except Exception as e:  # a producer that died, a receive timeout, an import that failed
+        _error(a.result_dir, rank, f"rank {rank}: {type(e).__name__}: {e}")
+        code = 1
+    finally:
+        shutdown.run_cleanups()
+        if code == 0:
+            dist.destroy_process_group()
+    if code:
+        os._exit(code)  # without waiting for the other ranks: torchrun stops them
+    return 0
+
+
+def build_amp(cfg: BenchConfig, device):
+    import torch
+
+    if not cfg.use_fp16:
+        return None
+    return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
+def _error(result_dir: str, rank: int, message: str) -> None:
+    line = message.strip().splitlines()[0] if message.strip() else "failed"
+    with open(os.path.join(result_dir, f"error-rank{rank}.txt"), "w") as f:
+        f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(worker())
