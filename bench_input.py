@@ -278,7 +278,9 @@ def _main(argv: list[str]) -> int:
         cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
     task = None  # this process's place in a TensorFlow cluster (docs/cluster.md)
     if framework == "torch" and (args.local_cluster or cfg.variable_update in cluster_spec.MODES):
-        raise ConfigError("--local-cluster and distributed_* updates are TensorFlow's; PyTorch uses --nnodes (torchrun)")
+        raise ConfigError(
+            "--local-cluster and distributed_* updates are TensorFlow's; PyTorch uses --nnodes (torchrun)"
+        )
     if args.local_cluster or cfg.variable_update in cluster_spec.MODES:
         task = cluster_spec.from_args(args, cfg, sweep=grid is not None)
         if task is None:

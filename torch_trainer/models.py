@@ -59,9 +59,16 @@ class EmulatedDevice(nn.Module):
             raise ConfigError(f"emulated device rate {images_per_sec:g} must be above 0 images/s")
         self.images_per_sec = images_per_sec
         self.scale = nn.Parameter(torch.ones(()))
+        self._due = 0.0  # when the previous step's batch was consumed, on an absolute schedule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(x.shape[0] / self.images_per_sec)
+        # Absolute deadlines, so the host's own time between steps does not add up: a step that
+        # starts late (input wait) starts a new schedule; one that starts early waits out its share.
+        # Up to a tenth of a step of host time between steps is taken from the schedule's slack.
+        now, step = time.perf_counter(), x.shape[0] / self.images_per_sec
+        start = self._due if now - self._due < 0.1 * step else now
+        self._due = start + step
+        time.sleep(max(0.0, self._due - now))
         return (x[:, :1, :1, :1].float().flatten(1) * self.scale).expand(-1, 2)
 
 

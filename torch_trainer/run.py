@@ -43,6 +43,8 @@ def refuse(cfg: BenchConfig, args: argparse.Namespace) -> None:
         raise ConfigError("--ps-device: there is no parameter server with --framework torch")
     if cfg.profile_dir:
         raise ConfigError("--profile writes a TensorFlow trace; it is not available with --framework torch")
+    if cfg.find_capacity:
+        raise ConfigError("--find-capacity searches with the TensorFlow trainer; drop --framework torch for it")
 
 
 def describe_machine(torch_mod) -> dict:
@@ -270,7 +272,7 @@ def build(cfg: BenchConfig, device, world: int):
     if cfg.input_only:
         model = models.InputOnly()
     elif getattr(cfg, "model", "resnet50") == "emulated":
-        model = models.EmulatedDevice(float(getattr(cfg, "emulated_rate", 0) or 0))
+        model = models.EmulatedDevice(float(cfg.emulation["images_per_sec"]))  # filled by apply_defaults
     else:
         model = models.resnet50(cfg.resnet_version)
     model = model.to(device)
@@ -406,6 +408,8 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict], amp) -> dict:
 
     result["input"] = registry.get("torch", name)(cfg).describe()  # the verdict's words for this path
     result["amp"] = str(amp).replace("torch.", "") if amp is not None else None
+    if cfg.model == "emulated":
+        result["emulated"] = dict(cfg.emulation)  # every emulated figure carries its label
     if any("producers" in r for r in ranks):
         result["producers"] = [{"rank": r["rank"], **row} for r in ranks for row in r.get("producers", [])]
     if any("batches_pulled" in r for r in ranks):
