@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NEUTRAL = ("core", "wire", "producers", "consumers", "profiler", "runner", "benchmarks")
 # Benchmarks of the TensorFlow op itself import TensorFlow by definition.
 FRAMEWORK_BENCHMARKS = {"benchmarks.bench_op"}
-PACKAGES = (*NEUTRAL, "tf_trainer", "zmq_ops")
+PACKAGES = (*NEUTRAL, "tf_trainer", "torch_trainer", "zmq_ops")
 
 
 def modules(packages) -> list[str]:
