@@ -394,9 +394,7 @@ def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> N
     """The tables, the verdicts, and the files asked for."""
     from core import registry
     from profiler import report
-    from profiler.attribution import sentence
-    from profiler.verdict import add_verdicts, line
-    from profiler.verdict import table as verdict_table
+    from profiler.verdict import verdicts_text
     from tf_trainer import devices
 
     report.add_ratios(results)
@@ -410,15 +408,8 @@ def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> N
         print()
         print(capacity_table(results))
     if cfg.telemetry:
-        add_verdicts(results)
         print()
-        print(verdict_table(results))
-        print()
-        for path, r in results.items():
-            print(line(path, r["verdict"]))
-        print()
-        for path, r in results.items():
-            print(sentence(path, r.get("attribution")))
+        print(verdicts_text(results))
     if cfg.profile_dir:
         from tf_trainer.tracing import how_to_open
 

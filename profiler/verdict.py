@@ -20,7 +20,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
-from profiler.attribution import add_attribution
+from profiler.attribution import add_attribution, sentence
 
 HIGH, MODERATE = 0.20, 0.05
 LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured")
@@ -167,3 +167,14 @@ def table(results: dict[str, dict]) -> str:
         headers=["input path", "verdict", "input wait", "limiting stage"],
         disable_numparse=True,
     )
+
+
+def verdicts_text(results: dict[str, dict]) -> str:
+    """Give every path its verdict and attribution; the verdict table, then one line of each per path.
+
+    What both trainers print after their results table.
+    """
+    add_verdicts(results)
+    verdicts = "\n".join(line(path, r["verdict"]) for path, r in results.items())
+    gaps = "\n".join(sentence(path, r.get("attribution")) for path, r in results.items())
+    return f"{table(results)}\n\n{verdicts}\n\n{gaps}"

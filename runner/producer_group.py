@@ -285,33 +285,35 @@ def producer_command(
     )
 
 
+def run_producer_command(cfg: Any, endpoint: str, producer_id: int, stats_file: str) -> list[str]:
+    """The command line of one of a run's producers, from the run's flags (both trainers start them so)."""
+    return producer_command(
+        cfg.producer_kind,
+        endpoint,
+        producer_id,
+        cfg.batch,
+        cfg.image_size,
+        cfg.wire_format,
+        cfg.producer_workers,
+        cfg.hwm,
+        data=cfg.data,
+        curve_keys=cfg.curve_keys,
+        rate=cfg.producer_rate,
+        stats_file=stats_file,
+        dali_threads=cfg.dali_threads,
+        dali_device=cfg.dali_device,
+        cpu_ms_per_batch=cfg.producer_cpu_ms,
+        busy_wait=cfg.producer_busy_wait,
+    )
+
+
 def start_producers(cfg: Any, endpoint: str, folder: str) -> ProducerGroup:
     """Start the run's `cfg.producers` producers of `cfg.producer_kind`; their stats files go in `folder`.
 
     `folder` is the run's own: the producers remove it if the run dies first.
     """
     stats = [os.path.join(folder, f"producer-{i}.json") for i in range(cfg.producers)]
-    cmds = [
-        producer_command(
-            cfg.producer_kind,
-            endpoint,
-            1000 * i,
-            cfg.batch,
-            cfg.image_size,
-            cfg.wire_format,
-            cfg.producer_workers,
-            cfg.hwm,
-            data=cfg.data,
-            curve_keys=cfg.curve_keys,
-            rate=cfg.producer_rate,
-            stats_file=stats[i],
-            dali_threads=cfg.dali_threads,
-            dali_device=cfg.dali_device,
-            cpu_ms_per_batch=getattr(cfg, "producer_cpu_ms", None),
-            busy_wait=getattr(cfg, "producer_busy_wait", False),
-        )
-        for i in range(cfg.producers)
-    ]
+    cmds = [run_producer_command(cfg, endpoint, 1000 * i, stats[i]) for i in range(cfg.producers)]
     return ProducerGroup(cmds, endpoint, stats, cfg.on_producer_exit, run_dir=folder).start()
 
 

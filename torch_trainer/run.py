@@ -186,8 +186,7 @@ def _launch(cfg: BenchConfig, nodes) -> dict | None:
 def _print_report(cfg: BenchConfig, results: dict[str, dict], world: int) -> None:
     """Ratios and verdicts into `results`; the tables on stdout."""
     from profiler import report
-    from profiler.verdict import add_verdicts, line
-    from profiler.verdict import table as verdict_table
+    from profiler.verdict import verdicts_text
 
     report.add_ratios(results)
     print()
@@ -200,12 +199,8 @@ def _print_report(cfg: BenchConfig, results: dict[str, dict], world: int) -> Non
             if s and s["input_wait_share"] and s["input_wait_share"] >= 0.05:
                 print(f"{path}: rank {s['rank']} ({s['host']}) straggles: {s['why']}")
     if cfg.telemetry:
-        add_verdicts(results)
         print()
-        print(verdict_table(results))
-        print()
-        for path, r in results.items():
-            print(line(path, r["verdict"]))
+        print(verdicts_text(results))
 
 
 def _sweep(base: BenchConfig, grid: dict, gpus: int, nodes, out: str) -> int:

@@ -111,27 +111,10 @@ def start_producers(cfg: Any, endpoints: list[str], ids: list[int], folder: str)
     if cfg.endpoint:
         print(f"  waiting for external producers to connect to {', '.join(endpoints)}", flush=True)
         return None
-    from runner.producer_group import ProducerGroup, producer_command
+    from runner.producer_group import ProducerGroup, run_producer_command
 
     stats = [os.path.join(folder, f"producer-{pid}.json") for pid in ids]  # each producer's own figures
-    cmds = [
-        producer_command(
-            cfg.producer_kind,
-            endpoints[k % len(endpoints)],
-            pid,
-            cfg.batch,
-            cfg.image_size,
-            cfg.wire_format,
-            cfg.producer_workers,
-            cfg.hwm,
-            data=cfg.data,
-            curve_keys=cfg.curve_keys,
-            rate=cfg.producer_rate,
-            stats_file=stats[k],
-            dali_threads=cfg.dali_threads,
-        )
-        for k, pid in enumerate(ids)
-    ]
+    cmds = [run_producer_command(cfg, endpoints[k % len(endpoints)], pid, stats[k]) for k, pid in enumerate(ids)]
     return ProducerGroup(cmds, ", ".join(endpoints), stats).start()
 
 
