@@ -120,6 +120,11 @@ def parse_args(argv: list[str], paths: dict):
         help="where DALI decodes, in the dali path and the dali producers alike (default: gpu when there is one)",
     )  # fmt: skip
     g.add_argument("--wire-format", choices=("native", "zmq_ops"), default="native", help="wire format (docs/wire.md)")
+    g.add_argument(
+        "--transport", choices=("ipc", "shm"), default="ipc",
+        help="how the run's own producers reach it: ipc sockets, or shared-memory slots with slot messages over ipc "
+        "(one copy from producer to tensor; docs/wire.md)",
+    )  # fmt: skip
     g.add_argument("--endpoint", help="use an external producer: bind this endpoint and wait for it")
     g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ high-water mark, in batches")
     g.add_argument(

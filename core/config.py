@@ -49,6 +49,7 @@ class BenchConfig:
     dali_device: str | None = None  # where DALI decodes, in the dali path and the dali producers: cpu or gpu
     data: str | None = None
     wire_format: str = "native"
+    transport: str = "ipc"  # how the run's own producers reach it: ipc sockets, or shm slots (wire/shm.py)
     endpoint: str | None = None  # an external producer's endpoint (the run binds it and waits)
     hwm: int = 4
     recv_timeout: float = 60.0

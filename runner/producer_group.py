@@ -44,7 +44,8 @@ class RunDir:
     socket `longest` in it (sun_path holds 107 bytes).
     """
 
-    def __init__(self, longest: str = "python-dataset") -> None:
+    def __init__(self, longest: str = "python-dataset", transport: str = "ipc") -> None:
+        self.transport = transport
         base = tempfile.gettempdir()
         if len(os.fsencode(base)) + len("/feedbench-00000000/") + len(os.fsencode(longest)) > IPC_PATH_MAX:
             base = "/tmp"
@@ -52,6 +53,8 @@ class RunDir:
         self.made = False
 
     def endpoint(self, name: str) -> str:
+        if self.transport == "shm":  # slots in shared memory; the slot messages' socket is wire/shm.py's
+            return f"shm://{os.path.basename(self.name)}-{name}"
         return f"ipc://{self.name}/{name}"
 
     def make(self) -> None:

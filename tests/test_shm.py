@@ -447,3 +447,28 @@ def test_decode_producers_decode_straight_into_the_slots_and_match_ipc(procs, ep
         np.testing.assert_array_equal(a_images, b_images)
         np.testing.assert_array_equal(a_labels, b_labels)
     assert got[ep][0][0].std() > 5  # decoded pictures, not an untouched slot
+
+
+@pytest.mark.timeout(300)
+def test_the_runs_own_producers_over_shm_feed_every_producer_path_and_leave_nothing(procs, tmp_path) -> None:
+    """`--transport shm`: the producers the run starts write into slots; exact counts, nothing left behind."""
+    before_regions, before_sockets = regions(), sockets()
+    out_json = tmp_path / "r.json"
+    p = procs.start(
+        "bench_input.py", "--transport", "shm", "--input-only", "--num-gpus", "1", "--batch", "2",
+        "--image-size", "32", "--warmup-steps", "1", "--steps", "3", "--repeats", "2", "--producers", "2",
+        "--json", str(out_json),
+    )  # fmt: skip
+    _, err = p.communicate(timeout=280)
+    assert p.returncode == 0, err
+    doc = json.loads(out_json.read_text())
+    assert doc["config"]["transport"] == "shm"
+    for path in ("python-queue", "python-dataset", "zmq-consume"):
+        rows = doc["paths"][path]["producers"]
+        assert rows and {r["producer"] for r in rows} <= {0, 1000}, (path, rows)  # a short run may hear from one
+        assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["received"] > 0 for r in rows), (path, rows)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (regions() - before_regions or sockets() - before_sockets):
+        time.sleep(0.1)
+    assert regions() - before_regions == set(), "shared-memory regions left behind"
+    assert sockets() - before_sockets == set(), "socket files left behind"

@@ -304,7 +304,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
     # The run's own folder (sockets, producer stats) is made only for a path with producers, right
     # before they start, and under /tmp if TMPDIR is too long for a socket path.
     own = registry.get("tf", path).needs_producers and not cfg.endpoint
-    run_dir = RunDir(longest=path) if own else None
+    run_dir = RunDir(longest=path, transport=cfg.transport) if own else None
     group: ProducerGroup | None = None
     built: Built | None = None
     release_endpoint = None

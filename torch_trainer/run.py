@@ -43,6 +43,10 @@ def refuse(cfg: BenchConfig, args: argparse.Namespace) -> None:
         raise ConfigError("--ps-device: there is no parameter server with --framework torch")
     if cfg.profile_dir:
         raise ConfigError("--profile writes a TensorFlow trace; it is not available with --framework torch")
+    if cfg.transport != "ipc":
+        raise ConfigError(
+            "--transport shm: the PyTorch ranks' own producers use ipc; start shm producers yourself and give --endpoint shm://NAME"
+        )
     if cfg.find_capacity:
         raise ConfigError("--find-capacity searches with the TensorFlow trainer; drop --framework torch for it")
 
