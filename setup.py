@@ -11,6 +11,7 @@ import importlib.metadata
 import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -51,6 +52,7 @@ class BuildZmqOps(build_ext):
     def build_extension(self, ext: Extension) -> None:
         spec = importlib.util.spec_from_file_location("zmq_ops_build", HERE / "zmq_ops" / "build.py")
         builder = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = builder  # its dataclasses look their module up there
         spec.loader.exec_module(builder)
         built = builder.build()
         target = Path(self.get_ext_fullpath(ext.name))
