@@ -270,7 +270,7 @@ def build(cfg: BenchConfig, device, world: int):
 
     if cfg.input_only:
         model = models.InputOnly()
-    elif getattr(cfg, "model", "resnet50") == "emulated":
+    elif cfg.model == "emulated":
         model = models.EmulatedDevice(float(cfg.emulation["images_per_sec"]))  # filled by apply_defaults
     else:
         model = models.resnet50(cfg.resnet_version)
@@ -440,9 +440,6 @@ def worker(argv: list[str] | None = None) -> int:
     raw = json.load(open(a.config))
     raw["shrunk"] = {k: tuple(v) for k, v in raw.get("shrunk", {}).items()}
     cfg = BenchConfig(**{k: v for k, v in raw.items() if k in BenchConfig.__dataclass_fields__})
-    for k, v in raw.items():  # fields of other workstreams' configs (e.g. --model) ride along
-        if k not in BenchConfig.__dataclass_fields__:
-            setattr(cfg, k, v)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
