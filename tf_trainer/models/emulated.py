@@ -8,8 +8,7 @@ makes the optimizer and the variable update run as for a real model.
 
 from __future__ import annotations
 
-from tensorpack import ModelDesc
-
+from tf_trainer.models.input_only import InputOnlyModel
 from tf_trainer.tf_env import tf
 
 tf = tf()
@@ -36,25 +35,19 @@ def emulated_device_step(images, rate: float, overlap: float = HOST_OVERLAP):
     return emulated_ops().emulated_device_step(images, rate=float(rate), overlap=float(overlap))
 
 
-class EmulatedModel(ModelDesc):
-    """A device training at `rate` images/s per tower, in place of ResNet-50."""
+class EmulatedModel(InputOnlyModel):
+    """A device training at `rate` images/s per tower, in place of ResNet-50.
+
+    The input-only stand-in's inputs and optimizer; its step is the emulated device's.
+    """
 
     def __init__(self, image_size: int, rate: float) -> None:
-        self.image_size = image_size
+        super().__init__(image_size)
         self.rate = rate
         emulated_ops()  # build and load before the graph is built, not inside a tower
-
-    def inputs(self) -> list:
-        return [
-            tf.TensorSpec((None, self.image_size, self.image_size, 3), tf.uint8, "images"),
-            tf.TensorSpec((None,), tf.int32, "labels"),
-        ]
 
     def build_graph(self, images, labels):
         w = tf.compat.v1.get_variable("w", shape=(), initializer=tf.compat.v1.ones_initializer())
         work = emulated_device_step(images, self.rate)
         touched = tf.cast(tf.reduce_sum(labels) % 7, tf.float32) * 1e-9
         return tf.identity(w * (work + touched) * 1e-3, name="cost")
-
-    def optimizer(self):
-        return tf.compat.v1.train.GradientDescentOptimizer(1e-3)

@@ -241,6 +241,29 @@ void SetError(char* err, size_t errlen, const std::string& msg) {
 using feedbench::Receiver;
 using feedbench::SetError;
 
+namespace {
+
+// Writes up to max_rows rows of (producer_id, received, lost, duplicated,
+// restarts) from per-producer counts; returns how many producers there are.
+template <typename Counts>
+int FillRows(const Counts& counts, int64_t* rows, int max_rows) {
+  int r = 0;
+  for (const auto& [id, c] : counts) {
+    if (r < max_rows) {
+      int64_t* row = rows + 5 * r;
+      row[0] = id;
+      row[1] = c.received;
+      row[2] = c.lost;
+      row[3] = c.duplicated;
+      row[4] = c.restarts;
+    }
+    ++r;
+  }
+  return r;
+}
+
+}  // namespace
+
 extern "C" {
 
 // Opens a receiver: `n_fields` tensors per batch, field i of dtype code
@@ -312,20 +335,7 @@ __attribute__((visibility("default"))) int fb_receiver_release(void* h, int slot
 __attribute__((visibility("default"))) int fb_receiver_stats(void* h, int64_t* rows, int max_rows, int64_t* totals) {
   const auto& conn = static_cast<Receiver*>(h)->conn();
   conn.Totals(&totals[0], &totals[1]);
-  const auto counts = conn.ProducerCounts();
-  int r = 0;
-  for (const auto& [id, c] : counts) {
-    if (r < max_rows) {
-      int64_t* row = rows + 5 * r;
-      row[0] = id;
-      row[1] = c.received;
-      row[2] = c.lost;
-      row[3] = c.duplicated;
-      row[4] = c.restarts;
-    }
-    ++r;
-  }
-  return r;
+  return FillRows(conn.ProducerCounts(), rows, max_rows);
 }
 
 // Wakes every waiter (next() returns -3); call before fb_receiver_close when
@@ -340,19 +350,7 @@ __attribute__((visibility("default"))) int fb_seq_replay(const uint32_t* ids, co
                                                         int64_t* rows, int max_rows) {
   feedbench::core::SeqTracker t;
   for (int64_t i = 0; i < n; ++i) t.Add(ids[i], seqs[i]);
-  int r = 0;
-  for (const auto& [id, c] : t.counts()) {
-    if (r < max_rows) {
-      int64_t* row = rows + 5 * r;
-      row[0] = id;
-      row[1] = c.received;
-      row[2] = c.lost;
-      row[3] = c.duplicated;
-      row[4] = c.restarts;
-    }
-    ++r;
-  }
-  return r;
+  return FillRows(t.counts(), rows, max_rows);
 }
 
 }  // extern "C"
