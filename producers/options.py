@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core.cli_types import positive_float, positive_int
+from core.cli_types import non_negative_float, positive_float, positive_int
 from producers import launcher
 from producers.sender import SendConfig
 from wire.endpoints import EndpointError, check, check_reachable
@@ -31,8 +31,9 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rate", type=positive_float, default=None, help="cap each worker at this many images/s")
     g.add_argument("--producer-id", type=int, default=0, help="id of worker 0; worker i sends as id+i")
     g.add_argument(
-        "--give-up-after", type=positive_float, default=60.0,
-        help="stop when no consumer takes a batch for this many seconds",
+        "--give-up-after", type=non_negative_float, default=60.0, metavar="SECONDS",
+        help="once a consumer has taken a batch, stop when none takes one for this many seconds "
+        "(default: 60; 0: never). Before its first consumer a producer waits as long as it is left running",
     )  # fmt: skip
     g.add_argument("--allow-remote", action="store_true", help="allow binding a non-loopback address (unauthenticated)")
     g.add_argument(

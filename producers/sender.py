@@ -8,6 +8,7 @@ inside each native header, so the run can name the slow stage.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ class SendConfig:
     count: int | None = None  # batches this worker sends; None = until stopped
     rate: float | None = None  # images/s cap for this worker (to emulate a slow loader)
     producer_id: int = 0
-    give_up_after: float = 60.0  # a send blocked this long means the consumer is gone
+    # Once a consumer has taken a batch, a send blocked this long means it is gone (0: never give up).
+    # Before the first consumer arrives a producer waits as long as it is left running.
+    give_up_after: float = 60.0
     allow_remote: bool = False
     curve_keys: str | None = None  # key folder: encrypt and authenticate the stream (wire/curve.py)
     busy_wait: bool = False  # spin while the consumer has no room, as a polling loader does (uses a core)
@@ -91,12 +94,21 @@ class _Telemetry:
             self._reset(now)
 
 
-def _wait_writable(sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float, busy: bool = False) -> bool:
+def _deadline(give_up_after: float | None) -> float:
+    """The monotonic time to give up at; infinity for None (no consumer yet) or 0 (never)."""
+    return time.monotonic() + give_up_after if give_up_after else math.inf
+
+
+def _wait_writable(
+    sock: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float | None, busy: bool = False
+) -> bool:
     """Block until the socket takes a message; False if stopped or the consumer is gone.
 
-    `busy` spins (poll without waiting) instead of sleeping in poll: a loader that busy-waits.
+    `give_up_after` None (or 0) waits as long as we are not stopped: a producer
+    started before its consumer waits for it. `busy` spins (poll without
+    waiting) instead of sleeping in poll: a loader that busy-waits.
     """
-    deadline = time.monotonic() + give_up_after
+    deadline = _deadline(give_up_after)
     while not sock.poll(0 if busy else 100, zmq.POLLOUT):
         if should_stop() or time.monotonic() > deadline:
             return False
@@ -114,7 +126,7 @@ def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], b
     already gone is not waited for.
     """
     peers = 0
-    deadline = time.monotonic() + give_up_after
+    deadline = _deadline(give_up_after)
     while not should_stop() and time.monotonic() < deadline:
         while monitor.poll(0):
             event = recv_monitor_message(monitor)["event"]
@@ -122,6 +134,11 @@ def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], b
         if peers <= 0:
             return
         monitor.poll(100)
+
+
+def _patience(cfg: SendConfig, seq: int) -> float | None:
+    """How long a blocked send may wait: for ever until a consumer has taken the first batch."""
+    return cfg.give_up_after if seq > 0 else None
 
 
 def _send(
@@ -132,7 +149,7 @@ def _send(
     Returns the batch's bytes, or None when stopped or the consumer is gone.
     """
     while True:
-        if not _wait_writable(sock, should_stop, cfg.give_up_after, cfg.busy_wait):
+        if not _wait_writable(sock, should_stop, _patience(cfg, seq), cfg.busy_wait):
             return None
         try:
             if frames is not None:
@@ -268,7 +285,7 @@ def run(
         # Let queued messages reach the consumer, but not forever if it is gone or we were stopped.
         sock.disable_monitor()
         monitor.close(0)
-        sock.close(linger=0 if should_stop() else int(cfg.give_up_after * 1000))
+        sock.close(linger=0 if should_stop() else int(cfg.give_up_after * 1000) if cfg.give_up_after else -1)
         if auth is not None:
             auth.stop()
         ctx.term()

@@ -119,7 +119,9 @@ def test_producer_stops_when_its_consumer_disappears(procs, ipc_dir):
     endpoint = f"ipc://{ipc_dir}/feed"
     c = PullConsumer(endpoint, recv_timeout=30)
     p = procs.producer(endpoint, "--batch", "2", "--image-size", "8", "--workers", "2", "--give-up-after", "2")
-    c.recv()
+    seen = set()
+    while seen != {0, 1}:  # both workers have been taken a batch: their give-up timers are armed
+        seen.add(c.recv().header.producer_id)
     workers = descendants(p.pid)
     c.close()
     assert p.wait(30) == 3

@@ -191,7 +191,8 @@ def test_a_killed_consumer_stops_its_producers_and_leaves_no_region(procs, ep) -
         from zmq_ops.receiver import Receiver
         ring = [[np.zeros(s, d) for d, s in {SPECS!r}] for _ in range(2)]
         r = Receiver({ep!r}, {SPECS!r}, ring, timeout_ms={TIMEOUT_MS})
-        r.release(r.next())
+        while len(r.producers()) < 2:  # a batch from each worker: both give-up timers are armed
+            r.release(r.next())
         print("ready", flush=True)
         sys.stdin.read()
     """)

@@ -147,9 +147,12 @@ class Region:
         self._next = 0
         self._holds: list[tuple[np.ndarray, ...] | None] = [None] * slots  # read-only arrays a slot already holds
 
-    def acquire(self, should_stop: Callable[[], bool], give_up_after: float) -> int | None:
-        """A free slot (round robin), or None when stopped or no slot came free for `give_up_after` s."""
-        deadline = time.monotonic() + give_up_after
+    def acquire(self, should_stop: Callable[[], bool], give_up_after: float | None) -> int | None:
+        """A free slot (round robin), or None when stopped or no slot came free for `give_up_after` s.
+
+        `give_up_after` None or 0 waits as long as we are not stopped.
+        """
+        deadline = time.monotonic() + give_up_after if give_up_after else math.inf
         pause = 0.0
         while True:
             for k in range(self.slots):
