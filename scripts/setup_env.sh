@@ -36,8 +36,17 @@ else
 fi
 
 # PyTorch beside TensorFlow, for `bench_input.py --framework torch` (the same wheels run on CPU and CUDA);
-# SPDL for the `spdl` reference loader. pip leaves them alone when these versions are already there.
-"${pip[@]}" "torch==2.14.1" "torchvision==0.29.1" "spdl==0.8.0"
+# SPDL for the `spdl` reference loader. Skipped when these versions are already there: pip would
+# otherwise put back what a CPU machine removes below.
+have() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
+if ! { have torch 2.14.1 && have torchvision 0.29.1 && have spdl 0.8.0; }; then
+  "${pip[@]}" "torch==2.14.1" "torchvision==0.29.1" "spdl==0.8.0"
+  # PyPI's Linux torch wheels are CUDA builds: libtorch links CUDA's runtime, cuDNN and NCCL, so those
+  # stay even without a GPU. Triton (about 0.9 GB) only compiles GPU kernels: a CPU machine drops it.
+  if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+    "$VENV/bin/python" -m pip uninstall -y -q triton
+  fi
+fi
 
 # The project itself (editable) with its test and DALI extras; this builds the zmq_ops op.
 "${pip[@]}" --no-build-isolation -e ".[test,dali]"
