@@ -5,7 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedbench-installed
 BENCH_ARGS ?= --bench --out results
-TEST_ARGS ?=
+# The suite runs on every core the machine gives it (pytest-xdist); a test module stays on one worker so
+# its module-wide fixtures (built graphs, a baseline run) are made once. TEST_ARGS=-n0 runs it serially.
+TEST_ARGS ?= -n auto --dist loadfile --durations=25
 
 .PHONY: install op bench test lint fuzz soak clean
 

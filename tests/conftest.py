@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,3 +74,59 @@ def descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+# ------------------------------------------------ shared memory left behind by this test process's children
+
+
+def _listening_unix_paths() -> set[str]:
+    """Paths of unix sockets some process still has bound (/proc/net/unix), to tell live files from leaks."""
+    with open("/proc/net/unix") as f:
+        next(f)
+        return {parts[-1] for parts in (line.split() for line in f) if len(parts) >= 8}
+
+
+def _mine(pid: int) -> bool:
+    """A process this test process started (tests may run side by side under pytest-xdist), or one already gone."""
+    try:
+        p = psutil.Process(pid)
+        return any(a.pid == os.getpid() for a in p.parents())
+    except psutil.NoSuchProcess:
+        return True
+
+
+class ShmLeaks:
+    """Regions and socket files that appeared since `snapshot` and that nobody else can still be using.
+
+    A region counts when its producer (the pid in its name) is gone or is one of ours; a socket file when no
+    process has it bound, or it is one of `names`. Another test's live producer in a parallel worker is not ours.
+    """
+
+    def __init__(self, *names: str) -> None:
+        from wire import shm
+
+        self._shm = shm
+        self.names = {f"{n}.sock" for n in names}
+        self.before_regions, self.before_sockets = self._regions(), self._sockets()
+
+    def _regions(self) -> set[str]:
+        return {p.name for p in self._shm.SHM_DIR.glob("fb-*")}
+
+    def _sockets(self) -> set[str]:
+        return {p.name for p in self._shm.private_dir().glob("*.sock")}
+
+    def left(self) -> tuple[set[str], set[str]]:
+        regions = {r for r in self._regions() - self.before_regions if _mine(int(r.split("-")[1]))}
+        live = _listening_unix_paths()
+        folder = self._shm.private_dir()
+        sockets = {s for s in self._sockets() - self.before_sockets if s in self.names or str(folder / s) not in live}
+        return regions, sockets
+
+    def assert_none_left(self, wait: float = 15.0) -> None:
+        """Producers stopped at teardown may take a moment to exit: wait for them, then fail on what stays."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(self.left()):
+            time.sleep(0.1)
+        regions, sockets = self.left()
+        assert regions == set(), f"shared-memory regions left behind: {sorted(regions)}"
+        assert sockets == set(), f"socket files left behind: {sorted(sockets)}"

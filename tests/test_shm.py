@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 import pytest
 import zmq
-from conftest import descendants
+from conftest import ShmLeaks, descendants
 
 from consumers.zmq_pull import PullConsumer
 from producers.synthetic import SyntheticSource
@@ -41,10 +41,6 @@ SMALL = ("--batch", str(BATCH), "--image-size", str(SIZE))
 TIMEOUT_MS = 30_000  # only ever reached when something is broken
 
 
-def regions() -> set[str]:
-    return {p.name for p in shm.SHM_DIR.glob("fb-*")}
-
-
 def sockets() -> set[str]:
     return {p.name for p in shm.private_dir().glob("*.sock")}
 
@@ -52,13 +48,10 @@ def sockets() -> set[str]:
 @pytest.fixture
 def ep() -> Iterator[str]:
     """A fresh shm:// endpoint; the test fails if it leaves a region or a socket file behind."""
-    before_regions, before_sockets = regions(), sockets()
-    yield f"shm://t-{uuid.uuid4().hex[:12]}"
-    deadline = time.monotonic() + 15  # producers stopped at teardown may take a moment to exit
-    while time.monotonic() < deadline and (regions() - before_regions or sockets() - before_sockets):
-        time.sleep(0.1)
-    assert regions() - before_regions == set(), "shared-memory regions left behind"
-    assert sockets() - before_sockets == set(), "socket files left behind"
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    leaks = ShmLeaks(name)
+    yield f"shm://{name}"
+    leaks.assert_none_left()
 
 
 def ring(n: int = 3) -> list[list[np.ndarray]]:
@@ -453,7 +446,7 @@ def test_decode_producers_decode_straight_into_the_slots_and_match_ipc(procs, ep
 @pytest.mark.timeout(300)
 def test_the_runs_own_producers_over_shm_feed_every_producer_path_and_leave_nothing(procs, tmp_path) -> None:
     """`--transport shm`: the producers the run starts write into slots; exact counts, nothing left behind."""
-    before_regions, before_sockets = regions(), sockets()
+    leaks = ShmLeaks()
     out_json = tmp_path / "r.json"
     p = procs.start(
         "bench_input.py", "--transport", "shm", "--input-only", "--num-gpus", "1", "--batch", "2",
@@ -468,8 +461,4 @@ def test_the_runs_own_producers_over_shm_feed_every_producer_path_and_leave_noth
         rows = doc["paths"][path]["producers"]
         assert rows and {r["producer"] for r in rows} <= {0, 1000}, (path, rows)  # a short run may hear from one
         assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["received"] > 0 for r in rows), (path, rows)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and (regions() - before_regions or sockets() - before_sockets):
-        time.sleep(0.1)
-    assert regions() - before_regions == set(), "shared-memory regions left behind"
-    assert sockets() - before_sockets == set(), "socket files left behind"
+    leaks.assert_none_left()
