@@ -49,6 +49,18 @@ def _load(folder: Path, name: str, secret: bool) -> tuple[bytes, bytes | None]:
         raise CurveError(f"--curve-keys {folder}: {path.name} is not a valid key file ({e})") from None
 
 
+def check_folder(folder: str | os.PathLike) -> None:
+    """Refuse, before anything starts, a key folder that lacks a key either end of a stream needs (CurveError)."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise CurveError(
+            f"--curve-keys {folder}: no such folder (make the keys with `python -m producers make-keys {folder}`)"
+        )
+    for name in ("server", "client"):
+        _load(d, name, True)
+    _load(d, "server", False)
+
+
 def secure(sock: zmq.Socket, folder: str | os.PathLike, server: bool) -> ThreadAuthenticator | None:
     """Set `sock` up as CURVE server (binding side) or client; call before bind/connect.
 
