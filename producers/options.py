@@ -70,7 +70,7 @@ def run_producer(source, args: argparse.Namespace, describe: str) -> int:
     """Check the endpoint up front, then run the workers; one line on any error."""
     try:
         if args.curve_keys:
-            curve.check_folder(args.curve_keys)
+            curve.check_folder(args.curve_keys, server=args.bind)
         check(args.endpoint, args.bind, args.allow_remote, secured=bool(args.curve_keys))
         check_reachable(args.endpoint)
         if args.bind and args.workers > 1:

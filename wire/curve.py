@@ -49,16 +49,22 @@ def _load(folder: Path, name: str, secret: bool) -> tuple[bytes, bytes | None]:
         raise CurveError(f"--curve-keys {folder}: {path.name} is not a valid key file ({e})") from None
 
 
-def check_folder(folder: str | os.PathLike) -> None:
-    """Refuse, before anything starts, a key folder that lacks a key either end of a stream needs (CurveError)."""
+def check_folder(folder: str | os.PathLike, server: bool | None = None) -> None:
+    """Refuse, before anything starts, a key folder that lacks a key this side needs (CurveError).
+
+    `server`: True for the binding side, False for a connecting one, None for
+    a run that is both (its consumer binds, its own producers connect).
+    """
     d = Path(folder)
     if not d.is_dir():
         raise CurveError(
             f"--curve-keys {folder}: no such folder (make the keys with `python -m producers make-keys {folder}`)"
         )
-    for name in ("server", "client"):
-        _load(d, name, True)
-    _load(d, "server", False)
+    if server is not False:
+        _load(d, "server", True)
+    if server is not True:
+        _load(d, "client", True)
+        _load(d, "server", False)
 
 
 def secure(sock: zmq.Socket, folder: str | os.PathLike, server: bool) -> ThreadAuthenticator | None:
