@@ -293,6 +293,9 @@ def _main(argv: list[str]) -> int:
 
             validate(replace(cfg, endpoint=cfg.endpoint and cfg.endpoint.replace("{task}", "0")), paths)
             return run_local_cluster(argv, args.local_cluster, cfg.variable_update)
+        from runner import bind_host
+
+        bind_host.ensure(task.host_port, task.address, task.allow_remote)  # listen on the task's own address only
     validate(cfg, paths)
     if framework == "torch":
         from torch_trainer.run import main as torch_main
