@@ -427,15 +427,12 @@ def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> N
         from profiler.sweep import rows_of, write_results
 
         doc = {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
-        files = write_results(out, doc, registry.names("tf"))
+        extra = {}
         if cfg.find_capacity:
-            import os
-
-            from core.atomic import atomic_write
             from profiler.plot import capacity_png
 
-            files.append(os.path.join(out, "capacity.png"))
-            atomic_write(files[-1], capacity_png(results))
+            extra["capacity.png"] = capacity_png(results)
+        files = write_results(out, doc, registry.names("tf"), extra)  # all of them, or none (a full disk)
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     if cfg.json_path:
         base = results.get(registry.BASELINE, {})
