@@ -293,6 +293,9 @@ def _main(argv: list[str]) -> int:
 
             validate(replace(cfg, endpoint=cfg.endpoint and cfg.endpoint.replace("{task}", "0")), paths)
             return run_local_cluster(argv, args.local_cluster, cfg.variable_update)
+        from runner import bind_host
+
+        bind_host.ensure(task.host_port, task.address, task.allow_remote)  # listen on the task's own address only
     validate(cfg, paths)
     if framework == "torch":
         from torch_trainer.run import main as torch_main
@@ -424,15 +427,12 @@ def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> N
         from profiler.sweep import rows_of, write_results
 
         doc = {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
-        files = write_results(out, doc, registry.names("tf"))
+        extra = {}
         if cfg.find_capacity:
-            import os
-
-            from core.atomic import atomic_write
             from profiler.plot import capacity_png
 
-            files.append(os.path.join(out, "capacity.png"))
-            atomic_write(files[-1], capacity_png(results))
+            extra["capacity.png"] = capacity_png(results)
+        files = write_results(out, doc, registry.names("tf"), extra)  # all of them, or none (a full disk)
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     if cfg.json_path:
         base = results.get(registry.BASELINE, {})

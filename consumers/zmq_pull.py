@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import zmq
+from zmq.utils import monitor
 
 from consumers.accounting import SeqTracker
 from wire import curve, message, shm
@@ -28,6 +29,7 @@ class ReceiveStopped(RuntimeError):
 
 
 _STOP_SLICE_MS = 100
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
 class PullConsumer:
@@ -58,10 +60,14 @@ class PullConsumer:
         if max_msg_size:
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
         self._auth = None
+        self._monitor: zmq.Socket | None = None  # refused CURVE handshakes, so a timeout can say why
+        self._refused = 0
+        self._refused_why = ""
         self._bound = False  # only a socket file this consumer created is removed on close
         try:
             if curve_keys:
                 self._auth = curve.secure(self._sock, curve_keys, server=bind)
+                self._monitor = self._sock.get_monitor_socket(_REFUSED)
             attach(self._sock, endpoint, bind, allow_remote, secured=bool(curve_keys))
             self._bound = bind
         except BaseException:
@@ -92,7 +98,10 @@ class PullConsumer:
                 if deadline is not None and time.perf_counter() >= deadline:
                     break
         if not ready:
-            raise ReceiveTimeout(f"no batch from {self.endpoint} within {self.recv_timeout:g} s")
+            refused = self.refusals()
+            raise ReceiveTimeout(
+                f"no batch from {self.endpoint} within {self.recv_timeout:g} s" + (f"; {refused}" if refused else "")
+            )
         frames = [f.buffer for f in self._sock.recv_multipart(copy=False)]
         if shm.is_slot_message(frames):  # the batch is in a producer's slot: copy it out, free the slot
             header, ref = shm.decode(frames)
@@ -109,6 +118,19 @@ class PullConsumer:
             self.latency_s += max(0.0, time.time_ns() - h.send_time_ns) / 1e9
         return batch
 
+    def refusals(self) -> str:
+        """`N connection attempt(s) refused by CURVE authentication; last: ...`, or "" (as the zmq_ops op says it)."""
+        while self._monitor is not None and self._monitor.poll(0, zmq.POLLIN):
+            event = monitor.recv_monitor_message(self._monitor)["event"]
+            self._refused += 1
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refused_why = "a producer's client key was refused"
+            else:
+                self._refused_why = "a producer failed the CURVE handshake (no keys, or another server key)"
+        if not self._refused:
+            return ""
+        return f"{self._refused} connection attempt(s) refused by CURVE authentication; last: {self._refused_why}"
+
     def arrays(self) -> Iterator[list[np.ndarray]]:
         """Yield the arrays of each batch, forever (or until a timeout)."""
         while True:
@@ -118,6 +140,10 @@ class PullConsumer:
         return self.arrays()
 
     def close(self) -> None:
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(0)
+            self._monitor = None
         self._sock.close(0)
         if hasattr(self, "_slots"):
             self._slots.close()

@@ -20,3 +20,7 @@ class ConfigError(FeedbenchError, ValueError):
 
 class InputError(FeedbenchError):
     """An input path could not deliver what the run needed; the message says which path and why."""
+
+
+class OutputError(FeedbenchError):
+    """A result file could not be written (a full disk, a target that is not a regular file); nothing was."""

@@ -12,6 +12,7 @@ import sys
 from core.cli_types import non_negative_float, positive_float, positive_int
 from producers import launcher
 from producers.sender import SendConfig
+from wire import curve
 from wire.endpoints import EndpointError, check, check_reachable
 from wire.message import FORMATS
 
@@ -68,14 +69,16 @@ def send_config(args: argparse.Namespace) -> SendConfig:
 def run_producer(source, args: argparse.Namespace, describe: str) -> int:
     """Check the endpoint up front, then run the workers; one line on any error."""
     try:
-        check(args.endpoint, args.bind, args.allow_remote)
+        if args.curve_keys:
+            curve.check_folder(args.curve_keys, server=args.bind)
+        check(args.endpoint, args.bind, args.allow_remote, secured=bool(args.curve_keys))
         check_reachable(args.endpoint)
         if args.bind and args.workers > 1:
             raise EndpointError(
                 f"endpoint {args.endpoint!r}: --bind takes one worker; with --workers {args.workers}, "
                 "let the consumer bind and the producer connect"
             )
-    except EndpointError as e:
+    except (EndpointError, curve.CurveError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return launcher.launch(

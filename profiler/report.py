@@ -7,7 +7,7 @@ import os
 
 from tabulate import tabulate
 
-from core.atomic import atomic_write
+from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
 
@@ -43,8 +43,12 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
 
 
 def write_json(path: str, doc: dict) -> None:
-    """The report, with its schema version, written atomically: no half-written report, ever."""
-    atomic_write(path, json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2))
+    """The report, with its schema version, written atomically: no half-written report, ever (OutputError)."""
+    atomic_write(path, json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2), what=f"--json {path}")
+
+
+# What --out writes: the sweep's set (profiler/sweep.py) and, with --find-capacity, the capacity plot.
+OUT_FILES = ("results.json", "results.csv", "results.md", "results.png", "capacity.png")
 
 
 def check_output_places(json_path: str | None, out_dir: str | None) -> None:
@@ -53,6 +57,9 @@ def check_output_places(json_path: str | None, out_dir: str | None) -> None:
         folder = os.path.dirname(os.path.abspath(json_path))
         if os.path.isdir(json_path):
             raise ConfigError(f"--json {json_path}: is a folder; give the name of the file to write")
+        kind = not_regular(json_path)
+        if kind:
+            raise ConfigError(f"--json {json_path}: exists and is {kind}, not a regular file; refusing to replace it")
         _writable_folder("--json", json_path, folder)
     if out_dir:
         if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -60,6 +67,12 @@ def check_output_places(json_path: str | None, out_dir: str | None) -> None:
         _writable_folder(
             "--out", out_dir, out_dir if os.path.isdir(out_dir) else os.path.dirname(os.path.abspath(out_dir))
         )
+        for name in OUT_FILES:
+            kind = not_regular(os.path.join(out_dir, name))
+            if kind:
+                raise ConfigError(
+                    f"--out {out_dir}: {name} exists and is {kind}, not a regular file; refusing to replace it"
+                )
 
 
 def _writable_folder(flag: str, given: str, folder: str) -> None:

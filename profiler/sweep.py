@@ -21,7 +21,7 @@ from dataclasses import replace
 from tabulate import tabulate
 from tqdm import tqdm
 
-from core.atomic import atomic_write
+from core.atomic import write_all
 from core.config import BASELINE, BenchConfig, apply_defaults
 from profiler.progress import interactive
 from profiler.report import SCHEMA_VERSION
@@ -234,10 +234,13 @@ def to_markdown(rows: list[dict]) -> str:
     return tabulate(cells, headers=head, tablefmt="github", disable_numparse=True) + "\n"
 
 
-def write_results(out_dir: str, doc: dict, path_order: list[str] | None = None) -> list[str]:
-    """results.json, results.csv, results.md and results.png in `out_dir`, each written atomically.
+def write_results(
+    out_dir: str, doc: dict, path_order: list[str] | None = None, extra: dict[str, bytes] | None = None
+) -> list[str]:
+    """results.json, results.csv, results.md and results.png (and `extra` files) in `out_dir`: all or none.
 
     `path_order` (the registry's order) fixes each path's place and colour in the plot.
+    A write that fails (a full disk) leaves none of them (OutputError).
     """
     from profiler.plot import plot_png
 
@@ -247,13 +250,9 @@ def write_results(out_dir: str, doc: dict, path_order: list[str] | None = None) 
         "results.csv": to_csv(rows),
         "results.md": to_markdown(rows),
         "results.png": plot_png(rows, title=doc.get("title", ""), path_order=path_order),
+        **(extra or {}),
     }
-    written = []
-    for name, data in files.items():
-        path = os.path.join(out_dir, name)
-        atomic_write(path, data)
-        written.append(path)
-    return written
+    return write_all({os.path.join(out_dir, name): data for name, data in files.items()}, what=f"--out {out_dir}")
 
 
 def run_sweep(base: BenchConfig, grid: dict[str, list], gpus: int, out_dir: str, device: dict) -> dict:

@@ -22,6 +22,13 @@ class ClusterConfig:
     task_index: int
     worker_hosts: list[str]
     ps_hosts: list[str]
+    address: str = ""  # the numeric address this task's server listens on (runner/bind_host.py)
+    allow_remote: bool = False  # --allow-remote: the address may be beyond loopback
+
+    @property
+    def host_port(self) -> str:
+        """This task's own entry of --worker-hosts / --ps-hosts."""
+        return (self.worker_hosts if self.job_name == "worker" else self.ps_hosts)[self.task_index]
 
     @property
     def is_chief(self) -> bool:
@@ -125,6 +132,10 @@ def from_args(args, cfg, sweep: bool) -> ClusterConfig | None:
             )
         return None
     cc = cluster_config(args.job_name, args.task_index, args.worker_hosts, args.ps_hosts)
+    from runner import bind_host
+
+    cc.allow_remote = bool(args.allow_remote)
+    cc.address = bind_host.check_address(f"--{cc.job_name}-hosts", cc.host_port, cc.allow_remote)
     if cfg.endpoint:
         cfg.endpoint = cfg.endpoint.replace("{task}", str(cc.task_index))
     cfg.paths = [args.fake_location]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,13 +24,15 @@ from pathlib import Path
 
 import psutil
 
-from runner import shutdown
+from runner import bind_host, shutdown
 from runner.cluster_spec import MODES, ClusterConfig, parse_local_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _VALUE_FLAGS = {"--local-cluster"}
+LOOPBACK = "127.0.0.1"
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt): ")  # a traceback's last line
 
 
 def _prctl(option: int, value: int) -> None:
@@ -49,7 +52,7 @@ def free_ports(n: int) -> list[int]:
     try:
         for _ in range(n):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            s.bind((LOOPBACK, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
@@ -73,12 +76,13 @@ def strip_flags(argv: list[str]) -> list[str]:
 class Task:
     """One process of the cluster, and the log that says why it stopped."""
 
-    def __init__(self, cc: ClusterConfig, cmd: list[str], show: bool) -> None:
+    def __init__(self, cc: ClusterConfig, cmd: list[str], show: bool, env: dict[str, str] | None = None) -> None:
         self.cc = cc
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=None if show else self.log,
             stderr=self.log,
@@ -92,8 +96,9 @@ class Task:
         how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"code {rc}"
         self.log.seek(0)
         lines = [ln.strip() for ln in self.log.read().replace("\r", "\n").splitlines() if ln.strip()]
-        errors = [ln for ln in lines if ln.startswith("error")]
-        last = (errors or lines or [""])[-1]
+        # Only the task's own error line, or the last line of a traceback: never TensorFlow's log text.
+        why = [ln for ln in lines if ln.startswith("error:")] or [ln for ln in lines if _EXCEPTION.match(ln)]
+        last = why[-1] if why else ""
         return f"exited with {how}" + (f": {last}" if last else "")
 
     def signal(self, sig: int) -> None:
@@ -106,8 +111,8 @@ class LocalCluster:
 
     def __init__(self, argv: list[str], workers: int, ps: int, mode: str) -> None:
         ports = free_ports(workers + ps)
-        self.worker_hosts = [f"127.0.0.1:{p}" for p in ports[:workers]]
-        self.ps_hosts = [f"127.0.0.1:{p}" for p in ports[workers:]]
+        self.worker_hosts = [f"{LOOPBACK}:{p}" for p in ports[:workers]]
+        self.ps_hosts = [f"{LOOPBACK}:{p}" for p in ports[workers:]]
         self.base = [sys.executable, str(ROOT / "bench_input.py"), *strip_flags(argv), "--variable-update", mode]
         self.tasks: list[Task] = []
         self.stopped = False
@@ -117,7 +122,9 @@ class LocalCluster:
         for job, hosts in (("ps", self.ps_hosts), ("worker", self.worker_hosts)):
             for i in range(len(hosts)):
                 cc = ClusterConfig(job, i, self.worker_hosts, self.ps_hosts)
-                self.tasks.append(Task(cc, [*self.base, *cc.flags()], show=cc.is_chief))
+                # Its server listens on 127.0.0.1 only, not on every interface (runner/bind_host.py).
+                env = bind_host.task_env(cc.host_port, LOOPBACK)
+                self.tasks.append(Task(cc, [*self.base, *cc.flags()], show=cc.is_chief, env=env))
         return self
 
     def wait(self) -> str | None:

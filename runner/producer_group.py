@@ -329,6 +329,13 @@ def _importable(name: str) -> bool:
 
 def check_producer_flags(cfg: Any) -> None:
     """Refuse producer flags that cannot work (ConfigError), before anything starts."""
+    if cfg.curve_keys:
+        from wire.curve import CurveError, check_folder
+
+        try:
+            check_folder(cfg.curve_keys)
+        except CurveError as e:
+            raise ConfigError(str(e)) from None
     if cfg.producer_kind != "synthetic":
         if not cfg.data:
             raise ConfigError(

@@ -42,6 +42,7 @@ from tensorpack.train.trainers import (
 from tensorpack.utils.argtools import memoized
 
 from core.errors import ConfigError, FeedbenchError
+from runner import bind_host
 from runner.cluster_spec import ClusterConfig
 from tf_trainer.tf_env import tf
 
@@ -60,8 +61,15 @@ def start_server(cc: ClusterConfig, session_config=None):
     """Start this process's tf.compat.v1.train.Server (one per process); sessions on it use `session_config`."""
     global _server
     if _server is None:
+        if cc.address:
+            bind_host.check_free(cc.name, cc.host_port, cc.address)
         spec = tf.train.ClusterSpec({"worker": cc.worker_hosts, "ps": cc.ps_hosts})
-        _server = v1.train.Server(spec, job_name=cc.job_name, task_index=cc.task_index, config=session_config)
+        try:
+            _server = v1.train.Server(spec, job_name=cc.job_name, task_index=cc.task_index, config=session_config)
+        except (tf.errors.OpError, RuntimeError) as e:
+            why = (getattr(e, "message", None) or str(e)).strip().splitlines()[0]
+            raise FeedbenchError(f"{cc.name}: cannot start its server on {cc.host_port}: {why}") from None
+        bind_host.check_listening(cc.name, cc.host_port, cc.allow_remote)
     return _server
 
 

@@ -29,6 +29,7 @@ def session_config(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool):
 
 def serve(cc: ClusterConfig) -> int:
     """A parameter server: serves until the chief's report is written (or the task is stopped)."""
+    cluster.start_server(cc)  # a port that is taken stops the task here, before it says it serves
     print(f"ps {cc.task_index}: serving on {cc.ps_hosts[cc.task_index]}", flush=True)
     cluster.serve_ps(cc)
     return 0

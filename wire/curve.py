@@ -49,6 +49,24 @@ def _load(folder: Path, name: str, secret: bool) -> tuple[bytes, bytes | None]:
         raise CurveError(f"--curve-keys {folder}: {path.name} is not a valid key file ({e})") from None
 
 
+def check_folder(folder: str | os.PathLike, server: bool | None = None) -> None:
+    """Refuse, before anything starts, a key folder that lacks a key this side needs (CurveError).
+
+    `server`: True for the binding side, False for a connecting one, None for
+    a run that is both (its consumer binds, its own producers connect).
+    """
+    d = Path(folder)
+    if not d.is_dir():
+        raise CurveError(
+            f"--curve-keys {folder}: no such folder (make the keys with `python -m producers make-keys {folder}`)"
+        )
+    if server is not False:
+        _load(d, "server", True)
+    if server is not True:
+        _load(d, "client", True)
+        _load(d, "server", False)
+
+
 def secure(sock: zmq.Socket, folder: str | os.PathLike, server: bool) -> ThreadAuthenticator | None:
     """Set `sock` up as CURVE server (binding side) or client; call before bind/connect.
 

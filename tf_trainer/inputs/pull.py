@@ -48,7 +48,10 @@ class PullFlow(DataFlow):
                 except ReceiveStopped:
                     raise DataFlowTerminated("the input was stopped") from None
                 except ReceiveTimeout:
-                    self.error = f"no batch within {self.consumer.recv_timeout:g} s"
+                    refused = self.consumer.refusals()
+                    self.error = f"no batch within {self.consumer.recv_timeout:g} s" + (
+                        f"; {refused}" if refused else ""
+                    )
                 except WireError as e:
                     self.error = str(e)
                 if self.error is None and self.expected is not None:

@@ -32,7 +32,10 @@ def pull(consumer: PullConsumer, timeout: float, stopped) -> Iterator[list[np.nd
         except ReceiveTimeout:
             waited += POLL_S
             if waited >= timeout:
-                raise ReceiveTimeout(f"no batch from {consumer.endpoint} within {timeout:g} s") from None
+                refused = consumer.refusals()
+                raise ReceiveTimeout(
+                    f"no batch from {consumer.endpoint} within {timeout:g} s" + (f"; {refused}" if refused else "")
+                ) from None
             continue
         waited = 0.0
         yield arrays
