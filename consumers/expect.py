@@ -14,6 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# What to do about a batch of another shape: the producer was started with other flags than the run.
+SAME_FLAGS = "give the producer and the run the same --batch and --image-size"
+# Receivers accept messages up to this size even when the run expects smaller ones, so that a
+# producer of larger batches gets a one-line mismatch error instead of a connection ZMQ drops
+# without a word (ZMQ_MAXMSGSIZE); --max-msg-size sets another cap.
+MIN_RECEIVE_CAP = 1 << 30
+
+
+def receive_cap(batch: int, image_size: int) -> int:
+    """The default receive cap (bytes per frame): the expected batch with a margin, and at least 1 GiB."""
+    return max(MIN_RECEIVE_CAP, int((batch * image_size * image_size * 3 + batch * 4) * 1.25) + 64 * 1024)
+
 
 def describe(tensors: Sequence[tuple[str, Sequence[int]]]) -> str:
     """`uint8 [64,224,224,3], int32 [64]`: dtypes and shapes as a user reads them."""
@@ -42,11 +54,12 @@ class BatchSpec:
         return describe(self.tensors)
 
     def mismatch(self, arrays: Sequence[np.ndarray]) -> str | None:
-        """None when `arrays` are what the run expects, else "is <got>; the run expects <wanted>"."""
+        """None when `arrays` are what the run expects, else "is <got>; the run expects <wanted>[; which flags]"."""
         got = tuple((a.dtype.name, tuple(a.shape)) for a in arrays)
         if got == self.tensors:
             return None
-        return f"is {describe(got)}; the run expects {self}"
+        same_kinds = [d for d, _ in got] == [d for d, _ in self.tensors]
+        return f"is {describe(got)}; the run expects {self}" + (f"; {SAME_FLAGS}" if same_kinds else "")
 
 
 def batch_source(endpoint: str, producer_id: int | None) -> str:

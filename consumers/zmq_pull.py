@@ -87,28 +87,18 @@ class PullConsumer:
         `stop()` is true, so another thread can close the consumer safely.
         """
         t0 = time.perf_counter()
-        if stop is None:
-            timeout_ms = -1 if self.recv_timeout is None else int(self.recv_timeout * 1000)
-            ready = self._sock.poll(timeout_ms, zmq.POLLIN)
-        else:
-            deadline = None if self.recv_timeout is None else t0 + self.recv_timeout
-            while not (ready := self._sock.poll(_STOP_SLICE_MS, zmq.POLLIN)):
-                if stop():
-                    raise ReceiveStopped(f"receiving from {self.endpoint} was stopped")
-                if deadline is not None and time.perf_counter() >= deadline:
-                    break
-        if not ready:
-            refused = self.refusals()
-            raise ReceiveTimeout(
-                f"no batch from {self.endpoint} within {self.recv_timeout:g} s" + (f"; {refused}" if refused else "")
-            )
-        frames = [f.buffer for f in self._sock.recv_multipart(copy=False)]
-        if shm.is_slot_message(frames):  # the batch is in a producer's slot: copy it out, free the slot
-            header, ref = shm.decode(frames)
-            arrays = self._slots.read(header, ref)
-            batch = message.Batch(arrays, sum(a.nbytes for a in arrays), header)
-        else:
-            batch = message.decode_message(frames)
+        deadline = None if self.recv_timeout is None else t0 + self.recv_timeout
+        while True:
+            frames = self._next_frames(stop, deadline)
+            if shm.is_slot_message(frames):  # the batch is in a producer's slot: copy it out, free the slot
+                header, ref = shm.decode(frames)
+                if self._slots.retired(ref.region):  # its producer has exited or moved on: nothing to read
+                    continue
+                arrays = self._slots.read(header, ref)
+                batch = message.Batch(arrays, sum(a.nbytes for a in arrays), header)
+            else:
+                batch = message.decode_message(frames)
+            break
         self.wait_s += time.perf_counter() - t0
         self.batches += 1
         self.bytes += batch.nbytes
@@ -130,6 +120,24 @@ class PullConsumer:
         if not self._refused:
             return ""
         return f"{self._refused} connection attempt(s) refused by CURVE authentication; last: {self._refused_why}"
+
+    def _next_frames(self, stop: Callable[[], bool] | None, deadline: float | None) -> list:
+        """The frames of the next message, waiting until `deadline` (perf_counter; None: forever)."""
+        if stop is None:
+            timeout_ms = -1 if deadline is None else max(0, int((deadline - time.perf_counter()) * 1000))
+            ready = self._sock.poll(timeout_ms, zmq.POLLIN)
+        else:
+            while not (ready := self._sock.poll(_STOP_SLICE_MS, zmq.POLLIN)):
+                if stop():
+                    raise ReceiveStopped(f"receiving from {self.endpoint} was stopped")
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+        if not ready:
+            refused = self.refusals()
+            raise ReceiveTimeout(
+                f"no batch from {self.endpoint} within {self.recv_timeout:g} s" + (f"; {refused}" if refused else "")
+            )
+        return [f.buffer for f in self._sock.recv_multipart(copy=False)]
 
     def arrays(self) -> Iterator[list[np.ndarray]]:
         """Yield the arrays of each batch, forever (or until a timeout)."""

@@ -131,7 +131,8 @@ def launch(
             r.close()
         for s, h in old.items():
             signal.signal(s, h)
-        parent.clean_run_dir(own=[stats_file] if stats_file else [])  # only when the run that started us died
+        # Only when the run that started us died:
+        parent.clean_run_dir(own=[stats_file] if stats_file else [], endpoint=cfg.endpoint)
 
 
 def rates(now: dict[str, float], before: dict[str, float], dt: float) -> dict[str, float]:
@@ -152,7 +153,10 @@ def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupte
     code = sender.DONE
     bar = None
     if progress:
-        bar = tqdm(total=cfg.count, unit="batch", desc=describe or "producer", file=sys.stderr, dynamic_ncols=True)
+        # "Sent" is all a producer can know: a batch is handed to ZMQ for a connected consumer, which may
+        # still drop it (a receive cap, a consumer that closes with batches queued).
+        desc = f"{describe or 'producer'} sent"
+        bar = tqdm(total=cfg.count, unit="batch", desc=desc, file=sys.stderr, dynamic_ncols=True)
     last_t, last = time.perf_counter(), Counters.totals(shared)
     reported: set[int] = set()
     open_readers = list(readers)
@@ -171,6 +175,26 @@ def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupte
                     if kind == "error":
                         stop.value = 1  # one broken worker stops the producer
 
+    def check_workers() -> None:
+        """A worker that died without a word (killed, crashed) is reported, its region removed, the rest stopped."""
+        for worker, p in enumerate(procs):
+            if p.exitcode is None or p.exitcode == 0 or worker in reported:
+                continue
+            drain()  # it may have said why on its way out
+            if worker in reported:
+                continue
+            reported.add(worker)
+            for region in regions_of(p.pid):  # no consumer will read it now
+                region.unlink(missing_ok=True)
+            if p.exitcode < 0:
+                sig = -p.exitcode
+                name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
+                how = f"killed by {name}"
+            else:
+                how = f"exited with code {p.exitcode}"
+            print(f"error: producer worker {worker}: {how}", file=sys.stderr, flush=True)
+            stop.value = 1  # a producer short of a worker is not the producer asked for
+
     try:
         while any(p.is_alive() for p in procs) and not interrupted:
             if parent.gone():  # the run died (its SIGTERM may be on its way too)
@@ -178,6 +202,8 @@ def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupte
                 break
             time.sleep(0.2)
             drain()
+            if not stop.value:
+                check_workers()
             now, tot = time.perf_counter(), Counters.totals(shared)
             if now - last_t >= 1.0:
                 r = rates(tot, last, now - last_t)
@@ -186,7 +212,7 @@ def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupte
                 if bar is not None:
                     bar.update(int(tot["batches"]) - bar.n)
                     bar.set_postfix_str(
-                        f"{r['batches_per_sec']:.1f} batch/s, {r['images_per_sec']:.0f} img/s, "
+                        f"sent {r['batches_per_sec']:.1f} batch/s, {r['images_per_sec']:.0f} img/s, "
                         f"{r['bytes_per_sec'] / 1e6:.0f} MB/s, send latency {r['send_latency_ms']:.1f} ms"
                     )
                 last_t, last = now, tot

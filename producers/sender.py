@@ -115,25 +115,39 @@ def _wait_writable(
     return True
 
 
-def _wait_for_consumer_to_leave(monitor: zmq.Socket, should_stop: Callable[[], bool], give_up_after: float) -> None:
+class _Peers:
+    """The consumers connected to the send socket, from its monitor (every connect and disconnect since it was made)."""
+
+    def __init__(self, monitor: zmq.Socket) -> None:
+        self.monitor = monitor
+        self.count = 0  # consumers connected now
+        self.left = 0  # disconnects so far
+
+    def update(self) -> _Peers:
+        while self.monitor.poll(0):
+            if recv_monitor_message(self.monitor)["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+                self.count += 1
+            else:
+                self.count -= 1
+                self.left += 1
+        return self
+
+
+def _wait_for_consumer_to_leave(peers: _Peers, should_stop: Callable[[], bool], give_up_after: float) -> None:
     """After the last batch, stay until every consumer has disconnected (or we are stopped).
 
     libzmq can drop messages still in flight when the sending peer goes away
     while the receiver is at its high-water mark, so a producer that exits
     right after its last send may lose the tail of its stream. Waiting for the
-    consumer to hang up first keeps `--count` exact. `monitor` has seen every
+    consumer to hang up first keeps `--count` exact. `peers` has seen every
     connect and disconnect since the socket was made, so a consumer that is
     already gone is not waited for.
     """
-    peers = 0
     deadline = _deadline(give_up_after)
     while not should_stop() and time.monotonic() < deadline:
-        while monitor.poll(0):
-            event = recv_monitor_message(monitor)["event"]
-            peers += 1 if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED) else -1
-        if peers <= 0:
+        if peers.update().count <= 0:
             return
-        monitor.poll(100)
+        peers.monitor.poll(100)
 
 
 def _patience(cfg: SendConfig, seq: int) -> float | None:
@@ -141,16 +155,30 @@ def _patience(cfg: SendConfig, seq: int) -> float | None:
     return cfg.give_up_after if seq > 0 else None
 
 
+STALE = -1  # _send: the slot message names a region the next consumer cannot read; prepare the batch again
+
+
 def _send(
-    sock: zmq.Socket, arrays, cfg: SendConfig, seq: int, extras: dict | None, should_stop, frames=None
+    sock: zmq.Socket,
+    arrays,
+    cfg: SendConfig,
+    seq: int,
+    extras: dict | None,
+    should_stop,
+    frames=None,
+    stale: Callable[[], bool] = lambda: False,
 ) -> int | None:
     """Send one batch (or, for shm://, its slot message `frames`) once there is room.
 
-    Returns the batch's bytes, or None when stopped or the consumer is gone.
+    Returns the batch's bytes, None when stopped or the consumer is gone, or
+    STALE when `stale()` says the consumer the slot message was made for has
+    left while we waited (the next one could not map its region).
     """
     while True:
-        if not _wait_writable(sock, should_stop, _patience(cfg, seq), cfg.busy_wait):
-            return None
+        if not _wait_writable(sock, lambda: should_stop() or stale(), _patience(cfg, seq), cfg.busy_wait):
+            return STALE if stale() and not should_stop() else None
+        if stale():  # a new consumer is there, but the slot message was made for the one that left
+            return STALE
         try:
             if frames is not None:
                 sock.send_multipart(frames, flags=zmq.NOBLOCK)
@@ -167,26 +195,53 @@ class _SlotSender:
     the JPEG decoder) is handed views into the next free slot, so it decodes
     straight into shared memory and nothing is copied; other batches are
     copied into a slot.
+
+    A region serves one consumer: that consumer unlinks its name once mapped
+    (so no other can map it), and slots whose messages were still queued when
+    it left stay published for ever. So when the consumer leaves, the region
+    goes with it and the next consumer gets a fresh one, every slot free.
     """
 
-    def __init__(self, cfg: SendConfig, should_stop: Callable[[], bool]) -> None:
+    def __init__(self, cfg: SendConfig, should_stop: Callable[[], bool], peers: _Peers) -> None:
         self.cfg = cfg
         self.should_stop = should_stop
+        self.peers = peers
         self.region: shm.Region | None = None
+        self.served = 0  # peers.left when the region was made: it serves consumers that came after
         self.like: list[np.ndarray] | None = None  # the first batch, as a template for views
-        self.pending: tuple[int, list[np.ndarray]] | None = None  # a slot handed to the source to fill
+        # A slot handed to the source to fill: (its region, slot, views).
+        self.pending: tuple[shm.Region, int, list[np.ndarray]] | None = None
         self.gone = False  # no slot came free in time: the consumer stopped reading
+
+    def moved_on(self) -> bool:
+        """True when a consumer has left since the region was made: its slots and its name are no use any more."""
+        return self.region is not None and self.peers.update().left != self.served
+
+    def _renew(self) -> None:
+        old = self.region
+        self.served = self.peers.left
+        self.region = shm.Region(old.slots, old.slot_size)
+        old.close()  # still mapped while the source holds views of a pending slot in it
+
+    def _acquire(self) -> int | None:
+        """A free slot of the current region (a fresh one if the consumer has changed), or None."""
+        while True:
+            if self.moved_on():
+                self._renew()
+            slot = self.region.acquire(lambda: self.should_stop() or self.moved_on(), self.cfg.give_up_after)
+            if slot is not None or self.should_stop() or not self.moved_on():
+                return slot
 
     def buffers(self) -> list[np.ndarray] | None:
         """Views into a free slot for the source's next batch (None: let the source allocate)."""
         if self.region is None or self.like is None or self.pending is not None:
             return None
-        slot = self.region.acquire(self.should_stop, self.cfg.give_up_after)
+        slot = self._acquire()
         if slot is None:
             self.gone = not self.should_stop()
             return None
         views = self.region.views(slot, self.like)
-        self.pending = (slot, views)
+        self.pending = (self.region, slot, views)
         return views
 
     def prepare(self, arrays) -> tuple[int | None, list[int]]:
@@ -194,17 +249,21 @@ class _SlotSender:
         if self.region is None:  # sized by the first batch; the hwm bounds the slots in flight
             _, slot_size = shm.layout(arrays)
             self.region = shm.Region(max(2, self.cfg.hwm), slot_size)
+            self.served = self.peers.update().left
             self.like = [np.empty(a.shape, a.dtype) for a in arrays]
         if self.pending is not None:
-            slot, views = self.pending
+            region, slot, views = self.pending
             self.pending = None
-            if len(views) == len(arrays) and all(a is v for a, v in zip(arrays, views, strict=True)):
+            if region is not self.region or self.moved_on():
+                slot = self._acquire()  # the consumer changed under the source: copy its batch into a fresh region
+            elif len(views) == len(arrays) and all(a is v for a, v in zip(arrays, views, strict=True)):
                 self.region.publish(slot)  # decoded in place: nothing to copy
                 return slot, shm.layout(arrays)[0]
+            # else the source made arrays of its own: they are copied into the slot it was offered
         else:
-            slot = self.region.acquire(self.should_stop, self.cfg.give_up_after)
-            if slot is None:
-                return None, []
+            slot = self._acquire()
+        if slot is None:
+            return None, []
         offsets = self.region.write(slot, arrays)
         self.region.publish(slot)  # every byte is written: only now may the consumer see the slot
         return slot, offsets
@@ -232,8 +291,9 @@ def run(
     sock.setsockopt(zmq.IMMEDIATE, 1)
     auth = None
     bound = False
-    slots = _SlotSender(cfg, should_stop) if shm.is_shm(cfg.endpoint) else None
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    peers = _Peers(monitor)
+    slots = _SlotSender(cfg, should_stop, peers) if shm.is_shm(cfg.endpoint) else None
     try:
         if cfg.curve_keys:
             auth = curve.secure(sock, cfg.curve_keys, server=cfg.bind)
@@ -263,13 +323,16 @@ def run(
                 time.sleep(max(0.0, t_start + seq * images / cfg.rate - t1))
             t2 = time.perf_counter()
             extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
-            frames = None
-            if slots is not None:
-                slot, offsets = slots.prepare(arrays)
-                if slot is None:  # no slot came back: the consumer stopped reading
-                    return DONE if should_stop() else CONSUMER_GONE
-                frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)
-            nbytes = _send(sock, arrays, cfg, seq, extras, should_stop, frames)
+            nbytes = STALE
+            while nbytes == STALE:
+                frames = None
+                if slots is not None:
+                    slot, offsets = slots.prepare(arrays)
+                    if slot is None:  # no slot came back: the consumer stopped reading
+                        return DONE if should_stop() else CONSUMER_GONE
+                    frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)
+                stale = slots.moved_on if slots is not None else lambda: False
+                nbytes = _send(sock, arrays, cfg, seq, extras, should_stop, frames, stale)
             if nbytes is None:
                 return DONE if should_stop() else CONSUMER_GONE
             t3 = time.perf_counter()
@@ -279,7 +342,7 @@ def run(
                 counters.add(images, nbytes, t3 - t2, t1 - t0)
             if should_stop():
                 return DONE
-        _wait_for_consumer_to_leave(monitor, should_stop, cfg.give_up_after)
+        _wait_for_consumer_to_leave(peers, should_stop, cfg.give_up_after)
         return DONE
     finally:
         # Let queued messages reach the consumer, but not forever if it is gone or we were stopped.

@@ -79,3 +79,22 @@ def test_an_unexpected_batch_stops_the_run_with_one_line(procs, ipc_dir, tmp_pat
     # Nothing of the run is left: only the external producer (not the run's to stop) holds the endpoint.
     holders = [p for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])]
     assert [p.pid for p in holders] == [external.pid]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", ["zmq-consume", "python-dataset"])
+def test_batches_larger_than_the_run_expects_get_the_mismatch_line_not_a_silent_timeout(procs, tmp_path, path):
+    """A producer left at its default 64x224x224 against a small run: received, then named (not dropped by ZMQ)."""
+    from wire.endpoints import free_tcp_port
+
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+    external = procs.producer(endpoint)  # its defaults: 64 images of 224x224, 9.6 MB a batch
+    run = ("--input-only", "--num-gpus", "1", "--batch", "2", "--image-size", "32", "--recv-timeout", "600")
+    code, out, err = run_cli(procs, "--fake-location", path, *run, "--endpoint", endpoint)
+    assert code == 2, err
+    lines = error_lines(err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"error: {path}: {endpoint}: "), lines
+    for words in ("[64,224,224,3]", "uint8 [2,32,32,3], int32 [2]", "the same --batch and --image-size"):
+        assert words in lines[0], lines
+    assert external.poll() is None

@@ -31,6 +31,7 @@ from conftest import ShmLeaks, descendants
 from consumers.zmq_pull import PullConsumer
 from producers.synthetic import SyntheticSource
 from wire import shm
+from wire.endpoints import EndpointError
 from wire.errors import WireError
 from zmq_ops.receiver import BatchError, Receiver, ReceiveTimeout
 
@@ -462,3 +463,170 @@ def test_the_runs_own_producers_over_shm_feed_every_producer_path_and_leave_noth
         assert rows and {r["producer"] for r in rows} <= {0, 1000}, (path, rows)  # a short run may hear from one
         assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["received"] > 0 for r in rows), (path, rows)
     leaks.assert_none_left()
+
+
+# ---------------------------------------------------------------- consumers in turn, one at a time, dead producers
+
+
+def _take(consumer, n: int) -> list[int]:
+    """Producer ids of `n` batches from a PullConsumer or a Receiver."""
+    if isinstance(consumer, PullConsumer):
+        return [consumer.recv().header.producer_id for _ in range(n)]
+    ids = []
+    for _ in range(n):
+        consumer.release(consumer.next())
+        ids.append(0)
+    return ids
+
+
+@pytest.mark.timeout(240)
+def test_a_producer_serves_each_consumer_in_turn_though_the_last_left_slots_queued(procs, ep) -> None:
+    """A consumer that closes with slot messages still queued must not leave the producer's slots taken for ever."""
+    p = procs.producer(ep, *SMALL, "--hwm", "4")
+    kinds = ["python", "receiver", "python", "receiver"]
+    for kind in kinds:
+        if kind == "python":
+            consumer = PullConsumer(ep, recv_timeout=30)
+        else:
+            consumer = Receiver(ep, SPECS, ring(2), timeout_ms=TIMEOUT_MS)
+        try:
+            assert len(_take(consumer, 5)) == 5, kind
+            deadline = time.monotonic() + 30  # leave only once the producer has queued more for us
+            while time.monotonic() < deadline and not _queued(consumer):
+                time.sleep(0.05)
+        finally:
+            consumer.close()
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 0
+
+
+def _queued(consumer) -> bool:
+    """True once a batch waits to be read (the producer has published slots we will never take)."""
+    if isinstance(consumer, PullConsumer):
+        return bool(consumer._sock.poll(0, zmq.POLLIN))
+    return True  # the receiver's threads hold slots ahead of the caller as soon as they can
+
+
+@pytest.mark.timeout(300)
+def test_a_second_consumer_of_one_name_is_refused_and_the_first_keeps_its_socket(procs, ep) -> None:
+    """As ipc does: a live consumer's NAME cannot be bound again (nor its socket file removed by the loser)."""
+    first = PullConsumer(ep, recv_timeout=60)
+    try:
+        with pytest.raises(EndpointError, match=re.escape(f"endpoint '{ep}': cannot bind: address already in use")):
+            PullConsumer(ep)
+        with pytest.raises(EndpointError, match="cannot bind: address already in use"):
+            Receiver(ep, SPECS, ring(1))
+        run = procs.start(
+            "bench_input.py", "--fake-location", "python-queue", "--input-only", "--endpoint", ep, "--batch", "2",
+            "--image-size", "4", "--warmup-steps", "1", "--steps", "2", "--repeats", "1",
+        )  # fmt: skip
+        _, err = run.communicate(timeout=240)
+        assert run.returncode == 2, err
+        assert [ln for ln in err.splitlines() if ln.startswith("error")] == [
+            f"error: endpoint '{ep}': cannot bind: address already in use"
+        ], err
+        p = procs.producer(ep, *SMALL)
+        assert first.recv().header.producer_id == 0  # the first consumer still has the stream
+    finally:
+        first.close()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 0
+
+
+# One process per producer worker, one after another: each makes a region, sends one slot
+# message, waits until it has been taken, and exits (reaped before the next starts).
+SHORT_LIVED_PRODUCERS = """
+import os, sys, time
+import numpy as np
+import zmq
+from wire import shm
+
+endpoint, n = sys.argv[1], int(sys.argv[2])
+arrays = [np.zeros((2, 4, 4, 3), np.uint8), np.zeros(2, np.int32)]
+for k in range(n):
+    pid = os.fork()
+    if pid == 0:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(shm.zmq_endpoint(endpoint))
+        region = shm.Region(2, shm.layout(arrays)[1])
+        offsets = region.write(0, arrays)
+        region.publish(0)
+        sock.send_multipart(shm.encode(arrays, k, 0, region.name, 0, offsets))
+        while region._state[0] != shm.FREE:
+            time.sleep(0.001)
+        sock.close(0)
+        ctx.term()
+        region.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["python", "receiver"])
+def test_a_long_running_consumer_unmaps_the_regions_of_producers_that_are_gone(procs, ep, kind) -> None:
+    """More producers than a consumer maps at once (256), one after another: every batch is read."""
+    n = 300
+    consumer = (
+        PullConsumer(ep, recv_timeout=30) if kind == "python" else Receiver(ep, SPECS, ring(2), timeout_ms=TIMEOUT_MS)
+    )
+    try:
+        factory = procs.start("-c", SHORT_LIVED_PRODUCERS, ep, str(n))
+        ids = _take(consumer, n)
+        assert factory.wait(60) == 0, factory.stderr.read()
+        if kind == "python":
+            assert sorted(ids) == list(range(n))
+            assert len(consumer._slots._regions) <= 1
+        else:
+            rows, messages, _ = consumer.stats()
+            assert messages == n and [r[0] for r in rows] == list(range(n))
+    finally:
+        consumer.close()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig) -> None:
+    """`--transport shm`: killed or stopped mid-run, nothing of the run is left (as over ipc)."""
+    tmp = Path(ipc_dir)
+    p = procs.start(
+        "bench_input.py", "--transport", "shm", "--fake-location", "python-queue", "--input-only", "--num-gpus", "1",
+        "--batch", "2", "--image-size", "4", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not list(tmp.glob("feedbench-*/producer-*.json")) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (run_dir,) = tmp.glob("feedbench-*")
+    ours = [s for s in sockets() if s.startswith(f"{run_dir.name}-")]
+    assert ours, "the run bound no shm:// endpoint"
+    family = [psutil.Process(p.pid), *descendants(p.pid)]
+    os.kill(p.pid, sig)
+    assert p.wait(60) == (128 + sig if sig != signal.SIGKILL else -sig)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (run_dir.exists() or set(ours) & sockets()):
+        time.sleep(0.1)
+    assert not run_dir.exists(), list(run_dir.iterdir())
+    assert not set(ours) & sockets(), "the run's socket file is left"
+    assert not psutil.wait_procs(family[1:], timeout=30)[1], "producers outlived the run"
+    assert not any(shm.regions_of(q.pid) for q in family)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_is_reported_at_once_and_its_region_removed(procs, ep) -> None:
+    """The launcher does not wait for its other workers: one line, its region gone, the producer stops."""
+    p = procs.producer(ep, *SMALL, "--workers", "2")
+    deadline = time.monotonic() + 60
+    workers: list[psutil.Process] = []
+    while time.monotonic() < deadline and len(workers) < 2:  # both have made their region (no consumer yet)
+        workers = [w for w in descendants(p.pid) if shm.regions_of(w.pid)]
+        time.sleep(0.05)
+    victim = min(workers, key=lambda w: w.create_time())
+    victim.send_signal(signal.SIGKILL)
+    assert p.wait(30) == 1
+    lines = [ln for ln in p.stderr.read().splitlines() if ln.startswith("error")]
+    assert len(lines) == 1 and re.fullmatch(r"error: producer worker [01]: killed by SIGKILL", lines[0]), lines
+    assert not any(shm.regions_of(w.pid) for w in workers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from consumers.expect import BatchSpec
+from consumers.expect import SAME_FLAGS, BatchSpec
 from tf_trainer.tf_env import tf
 
 tf = tf()
@@ -35,4 +35,4 @@ def batch_error(e: Exception, specs: list) -> str | None:
     found = _SHAPE.search(getattr(e, "message", str(e)))
     got = found.group(1) if found else "of another shape"
     expected = BatchSpec.from_signature(specs, 0)
-    return f"batch has {expected.tensors[i][0]} {got} as tensor {i}; the run expects {expected}"
+    return f"batch has {expected.tensors[i][0]} {got} as tensor {i}; the run expects {expected}; {SAME_FLAGS}"

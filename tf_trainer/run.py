@@ -103,12 +103,11 @@ class _WatchProducers(Callback):
 
 
 def expected_message_size(batch: int, image_size: int) -> int:
-    """The receive cap: the largest frame a producer should send, with a margin.
+    """The default receive cap (consumers.expect.receive_cap): at least 1 GiB, so a batch of another size
+    is received and reported as a mismatch, not dropped by ZMQ without a word (ZMQ_MAXMSGSIZE)."""
+    from consumers.expect import receive_cap
 
-    A peer that sends more is cut off by ZMQ (ZMQ_MAXMSGSIZE) before the
-    receiver allocates for it.
-    """
-    return int((batch * image_size * image_size * 3 + batch * 4) * 1.25) + 64 * 1024
+    return receive_cap(batch, image_size)
 
 
 _ROOT_ERROR = re.compile(r"^\(\d+\) [A-Z_]+: *(.+)$")

@@ -254,8 +254,11 @@ def _sweep(base: BenchConfig, grid: dict, gpus: int, nodes, out: str) -> int:
 
 
 def expected_message_size(batch: int, image_size: int) -> int:
-    """The receive cap (as the TensorFlow trainer sets it): the largest message a producer should send."""
-    return int((batch * image_size * image_size * 3 + batch * 4) * 1.25) + 64 * 1024
+    """The default receive cap (consumers.expect.receive_cap): at least 1 GiB, so a batch of another size
+    is received and reported as a mismatch, not dropped by ZMQ without a word (ZMQ_MAXMSGSIZE)."""
+    from consumers.expect import receive_cap
+
+    return receive_cap(batch, image_size)
 
 
 # --- each rank: python -m torch_trainer.run (started by torchrun) --------------------------------

@@ -77,8 +77,12 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False, secured: bool =
     elif scheme == "shm":
         try:
             shm.check_name(endpoint)
+            if bind:  # one consumer per NAME, as ipc has it (its slot messages' socket)
+                socket_path = shm.zmq_endpoint(endpoint)[len("ipc://") :]
         except shm.ShmError as e:
             raise EndpointError(str(e)) from None
+        if bind and ipc_served(socket_path):
+            raise EndpointError(f"endpoint {endpoint!r}: cannot bind: address already in use")
     elif scheme == "ipc" and bind:
         path = addr
         parent = os.path.dirname(os.path.abspath(path)) or "."
@@ -125,11 +129,11 @@ def check_ipc(endpoint: str, path: str, bind: bool) -> None:
         raise EndpointError(
             f"endpoint {endpoint!r}: the socket path is {size} bytes, longer than the {IPC_PATH_MAX} the OS allows"
         )
-    if bind and not path.startswith("@") and _ipc_served(path):
+    if bind and not path.startswith("@") and ipc_served(path):
         raise EndpointError(f"endpoint {endpoint!r}: cannot bind: address already in use")
 
 
-def _ipc_served(path: str) -> bool:
+def ipc_served(path: str) -> bool:
     """True when a live socket accepts connections at `path` (a stale socket file refuses them)."""
     try:
         mode = os.stat(path).st_mode

@@ -312,15 +312,54 @@ class _Mapped:
         self.data = buf[data_offset:]
 
 
+def region_pid(name: str) -> int:
+    """The producer worker that made region `name` (/fb-<pid>-<hex>)."""
+    return int(name.split("-")[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """False once process `pid` has exited (and been reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class SlotReader:
-    """The consumer's side in Python: maps producers' regions and copies batches out of their slots."""
+    """The consumer's side in Python: maps producers' regions and copies batches out of their slots.
+
+    A region is unmapped once it can carry no more batches: its producer has
+    exited, or has made a newer region (it does so for each new consumer).
+    This happens when a new region is mapped, so a long-running consumer holds
+    one region per live producer worker, not one per producer it ever met.
+    Slot messages still queued for an unmapped ("retired") region are
+    skipped: their producer is gone, and so are those batches.
+    """
 
     MAX_REGIONS = 256
+    RETIRED = 4096  # names of unmapped regions remembered, to skip their late slot messages
     POOL = 8  # output arrays kept per (dtype, shape), reused once the caller has dropped them
 
     def __init__(self) -> None:
         self._regions: dict[str, _Mapped] = {}
+        self._retired: dict[str, None] = {}  # insertion-ordered: the oldest is forgotten first
         self._pool: dict[tuple, list[np.ndarray]] = {}
+
+    def retired(self, region: str) -> bool:
+        """True for a region this reader unmapped because its producer moved on or exited."""
+        return region in self._retired
+
+    def _prune(self, new: str) -> None:
+        """Unmap regions whose producer has exited or has made `new` in their place."""
+        pid = region_pid(new)
+        for name in [n for n in self._regions if region_pid(n) == pid or not pid_alive(region_pid(n))]:
+            _unmap(self._regions.pop(name))
+            self._retired[name] = None
+            if len(self._retired) > self.RETIRED:
+                del self._retired[next(iter(self._retired))]
 
     def _out(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """An output array: a pooled one nobody else references any more, or a new one.
@@ -341,9 +380,12 @@ class SlotReader:
         """The batch as new arrays (the one copy), after which the slot is free again."""
         r = self._regions.get(ref.region)
         if r is None:
+            r = _Mapped(ref.region)
+            self._prune(ref.region)  # only now: a region that cannot be mapped retires nothing
             if len(self._regions) >= self.MAX_REGIONS:
-                raise WireError("slot.region", f"more than {self.MAX_REGIONS} regions mapped")
-            r = self._regions[ref.region] = _Mapped(ref.region)
+                _unmap(r)
+                raise WireError("slot.region", f"more than {self.MAX_REGIONS} live producers' regions mapped")
+            self._regions[ref.region] = r
         if ref.slot >= r.slots:
             raise WireError("slot.index", f"{ref.slot} >= the region's {r.slots} slots")
         views = []
@@ -366,10 +408,14 @@ class SlotReader:
 
     def close(self) -> None:
         for r in self._regions.values():
-            r.state = r.data = None
-            try:
-                r.map.close()
-            except BufferError:
-                pass
+            _unmap(r)
         self._regions.clear()
         self._pool.clear()
+
+
+def _unmap(r: _Mapped) -> None:
+    r.state = r.data = None
+    try:
+        r.map.close()
+    except BufferError:  # a view is still alive somewhere; the mapping goes with it
+        pass

@@ -3,11 +3,13 @@
 #include "shm.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace feedbench {
@@ -40,6 +42,12 @@ bool ValidRegionName(const std::string& n) {
   }
   return true;
 }
+
+// The producer worker's pid in /fb-<pid>-<hex> (a valid region name).
+long RegionPid(const std::string& n) { return std::strtol(n.c_str() + 4, nullptr, 10); }
+
+// False once the process has exited (and been reaped).
+bool Alive(long pid) { return kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
 
 bool ValidName(const std::string& n) {
   if (n.empty() || n.size() > kMaxNameLen) return false;
@@ -110,13 +118,35 @@ bool DecodeSlotMessage(const std::vector<wire::Frame>& frames, size_t total_fram
   return true;
 }
 
+Mapping::~Mapping() { munmap(base, size); }
+
 void SlotLease::Release() {
   if (state_ != nullptr) __atomic_store_n(state_, 0u, __ATOMIC_RELEASE);
   state_ = nullptr;
+  mapping_.reset();
 }
 
-SlotReader::~SlotReader() {
-  for (auto& [name, r] : regions_) munmap(r.base, r.size);
+bool SlotReader::Retired(const std::string& region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return retired_.count(region) != 0;
+}
+
+void SlotReader::Prune(const std::string& added) {
+  const long pid = RegionPid(added);
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    const long owner = RegionPid(it->first);
+    if (owner == pid || !Alive(owner)) {
+      retired_.insert(it->first);
+      retired_order_.push_back(it->first);
+      if (retired_order_.size() > kMaxRetired) {
+        retired_.erase(retired_order_.front());
+        retired_order_.pop_front();
+      }
+      it = regions_.erase(it);  // unmapped now, or when the last lease on it is released
+    } else {
+      ++it;
+    }
+  }
 }
 
 bool SlotReader::Map(const std::string& name, Region* region, wire::WireError* err) {
@@ -144,8 +174,6 @@ bool SlotReader::Map(const std::string& name, Region* region, wire::WireError* e
   shm_unlink(name.c_str());
   const char* h = static_cast<const char*>(base);
   Region r;
-  r.base = static_cast<char*>(base);
-  r.size = size;
   r.slots = Read<uint32_t>(h + 8);
   r.slot_size = Read<uint64_t>(h + 16);
   r.data_offset = Read<uint64_t>(h + 24);
@@ -171,6 +199,7 @@ bool SlotReader::Map(const std::string& name, Region* region, wire::WireError* e
     munmap(base, size);
     return Fail(err, field, name + ": " + why);
   }
+  r.mapping = std::make_shared<Mapping>(static_cast<char*>(base), size);
   *region = r;
   return true;
 }
@@ -182,20 +211,23 @@ bool SlotReader::Resolve(const SlotRef& ref, std::vector<wire::TensorView>* tens
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(ref.region);
     if (it == regions_.end()) {
-      if (regions_.size() >= kMaxRegions) {
-        return Fail(err, "slot.region", "more than " + std::to_string(kMaxRegions) + " regions mapped");
-      }
       if (!Map(ref.region, &r, err)) return false;
+      Prune(ref.region);  // only once mapped: a name that cannot be mapped retires nothing
+      if (regions_.size() >= kMaxRegions) {
+        return Fail(err, "slot.region",
+                    "more than " + std::to_string(kMaxRegions) + " live producers' regions mapped");
+      }
       regions_[ref.region] = r;
     } else {
       r = it->second;
     }
   }
+  char* const base = r.mapping->base;
   if (ref.slot >= r.slots) {
     return Fail(err, "slot.index", std::to_string(ref.slot) + " >= the region's " + std::to_string(r.slots) + " slots");
   }
   if (ref.offsets.size() != tensors->size()) return Fail(err, "slot.length", "one offset per tensor");
-  char* slot = r.base + r.data_offset + static_cast<uint64_t>(ref.slot) * r.slot_size;
+  char* slot = base + r.data_offset + static_cast<uint64_t>(ref.slot) * r.slot_size;
   for (size_t i = 0; i < tensors->size(); ++i) {
     wire::TensorView& t = (*tensors)[i];
     uint64_t end = 0;
@@ -208,7 +240,7 @@ bool SlotReader::Resolve(const SlotRef& ref, std::vector<wire::TensorView>* tens
   }
   // Claim the slot (published -> taken), so a repeated slot message can never
   // have two readers, or a reader of a slot the producer is rewriting.
-  auto* state = reinterpret_cast<uint32_t*>(r.base + kRegionHeader + kStateStride * ref.slot);
+  auto* state = reinterpret_cast<uint32_t*>(base + kRegionHeader + kStateStride * ref.slot);
   uint32_t published = 1;
   if (!__atomic_compare_exchange_n(state, &published, 2u, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     return Fail(err, "slot.state",
@@ -216,6 +248,7 @@ bool SlotReader::Resolve(const SlotRef& ref, std::vector<wire::TensorView>* tens
                     std::to_string(published) + ")");
   }
   lease->state_ = state;
+  lease->mapping_ = r.mapping;
   return true;
 }
 

@@ -16,8 +16,11 @@
 #define FEEDBENCH_ZMQ_OPS_SHM_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,7 +35,8 @@ constexpr char kRegionMagic[4] = {'F', 'B', 'S', 'R'};
 constexpr uint32_t kRegionVersion = 1;
 constexpr uint32_t kMaxSlots = 1024;
 constexpr size_t kMaxNameLen = 64;
-constexpr size_t kMaxRegions = 256;  // regions one consumer maps (producer workers over a run)
+constexpr size_t kMaxRegions = 256;  // regions one consumer maps at once (live producer workers)
+constexpr size_t kMaxRetired = 4096;  // unmapped regions remembered, to skip their late slot messages
 constexpr size_t kRegionHeader = 64;
 constexpr size_t kStateStride = 64;  // one cache line per slot state
 constexpr size_t kPage = 4096;
@@ -60,6 +64,18 @@ bool IsSlotMessage(const std::vector<wire::Frame>& frames);
 bool DecodeSlotMessage(const std::vector<wire::Frame>& frames, size_t total_frames, wire::NativeHeader* header,
                        std::vector<wire::TensorView>* tensors, SlotRef* ref, wire::WireError* err);
 
+// One mapped region; unmapped when the last holder (the reader's table, a
+// lease) lets go, so a region retired while a batch is copied out of it stays
+// mapped until that copy is done.
+struct Mapping {
+  Mapping(char* b, size_t s) : base(b), size(s) {}
+  ~Mapping();
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  char* base;
+  size_t size;
+};
+
 // Hands a slot back to its producer when destroyed (or on Release()).
 class SlotLease {
  public:
@@ -72,13 +88,20 @@ class SlotLease {
  private:
   friend class SlotReader;
   uint32_t* state_ = nullptr;
+  std::shared_ptr<Mapping> mapping_;  // keeps the slot mapped while the lease is held
 };
 
 // The regions one consumer has mapped. Thread-safe.
+//
+// A region is unmapped once it can carry no more batches: its producer has
+// exited, or has made a newer region (it makes one for each new consumer).
+// That is checked whenever a new region is mapped, so a long-running consumer
+// holds one region per live producer worker. Slot messages still queued for a
+// region unmapped so ("retired") are to be skipped: see Retired().
 class SlotReader {
  public:
   SlotReader() = default;
-  ~SlotReader();
+  ~SlotReader() = default;
   SlotReader(const SlotReader&) = delete;
   SlotReader& operator=(const SlotReader&) = delete;
 
@@ -88,18 +111,24 @@ class SlotReader {
   // gives the slot back. False with `err` (field: why) otherwise.
   bool Resolve(const SlotRef& ref, std::vector<wire::TensorView>* tensors, SlotLease* lease, wire::WireError* err);
 
+  // True for a region this reader unmapped because its producer exited or
+  // moved on: its slot messages carry batches nobody can read any more.
+  bool Retired(const std::string& region);
+
  private:
   struct Region {
-    char* base = nullptr;
-    size_t size = 0;
+    std::shared_ptr<Mapping> mapping;
     uint32_t slots = 0;
     uint64_t slot_size = 0;
     uint64_t data_offset = 0;
   };
   bool Map(const std::string& name, Region* region, wire::WireError* err);
+  void Prune(const std::string& added);  // with mu_ held
 
   std::mutex mu_;
   std::map<std::string, Region> regions_;
+  std::set<std::string> retired_;
+  std::deque<std::string> retired_order_;  // oldest first, forgotten past kMaxRetired
 };
 
 }  // namespace shm

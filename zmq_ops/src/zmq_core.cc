@@ -3,6 +3,9 @@
 #include "zmq_core.h"
 
 #include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +73,23 @@ std::string MakeKeysHint(const std::string& dir) {
 bool ValidZ85Key(const std::string& z85) {
   uint8_t buf[32];
   return z85.size() == 40 && zmq_z85_decode(buf, z85.c_str()) != nullptr;
+}
+
+// True when a live socket accepts connections at `path` (a stale socket file
+// refuses them). libzmq would unlink a live socket's file and bind over it,
+// leaving the consumer already there waiting for batches that never come.
+bool IpcServed(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool served = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return served;
 }
 
 // ZMQ_EVENT_HANDSHAKE_FAILED_* (libzmq >= 4.3).
@@ -165,6 +185,17 @@ std::vector<wire::Frame> Message::Frames() const {
   return frames;
 }
 
+void Message::Clear() {
+  for (auto& m : msgs_) zmq_msg_close(m.get());
+  msgs_.clear();
+  total_frames_ = total_bytes_ = 0;
+  ok_ = native_ = slot_message_ = false;
+  slot_ = shm::SlotRef();
+  header_ = wire::NativeHeader();
+  tensors_.clear();
+  error_ = wire::WireError();
+}
+
 void Message::Decode() {
   const std::vector<wire::Frame> frames = Frames();
   if (shm::IsSlotMessage(frames)) {
@@ -230,13 +261,19 @@ Status Connection::Open() {
   if (shm::IsShmEndpoint(ep)) {
     std::string why;
     if (!shm::ZmqEndpoint(ep, &zmq_ep, &why)) return Error(Code::kInvalidArgument, why);
-    ipc_path_ = zmq_ep.substr(6);  // after ipc://
+  }
+  // Two consumers on one ipc path (or shm:// NAME): refuse the second, as TCP does.
+  if (options_.bind && zmq_ep.rfind("ipc://", 0) == 0 && zmq_ep.size() > 6 && zmq_ep[6] != '@' &&
+      IpcServed(zmq_ep.substr(6))) {
+    return Error(Code::kInvalidArgument, "ZMQ endpoint " + ep + ": cannot bind: address already in use");
   }
   const int rc = options_.bind ? zmq_bind(socket_, zmq_ep.c_str()) : zmq_connect(socket_, zmq_ep.c_str());
   if (rc != 0) {
     return Error(Code::kInvalidArgument,
                  "ZMQ endpoint " + ep + ": cannot " + (options_.bind ? "bind" : "connect") + ": " + ZmqError());
   }
+  // Only a socket file this connection bound is its to remove.
+  if (shm::IsShmEndpoint(ep)) ipc_path_ = zmq_ep.substr(6);  // after ipc://
   return Status::Ok();
 }
 
@@ -424,6 +461,10 @@ Status Connection::Receive(Message* msg, const std::function<bool()>& cancelled,
       // Still under the lock, so two receives cannot count their messages in
       // the opposite order from the one they arrived in.
       msg->Decode();
+      if (msg->ok() && msg->slot_message() && slots_.Retired(msg->slot().region)) {
+        msg->Clear();  // its producer exited or moved on to a new region: that batch is gone
+        continue;
+      }
       if (msg->ok()) Account(*msg);
       return s;
     }

@@ -111,6 +111,7 @@ class Message {
  private:
   friend class Connection;
   void Decode();
+  void Clear();  // back to an empty message (frees the frames)
 
   // Each zmq_msg_t stays where ZMQ initialised it (ZMQ forbids copying one).
   std::vector<std::unique_ptr<zmq_msg_t>> msgs_;
