@@ -54,7 +54,9 @@ def tree(pids: list[int]) -> list[psutil.Process]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of full-rate streaming after warm-up")
-    ap.add_argument("--warmup", type=float, default=10.0, help="seconds before the first RSS sample")
+    ap.add_argument(
+        "--warmup", type=float, default=10.0, help="seconds of warm-up at least (it also waits for the RSS to settle)"
+    )
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--producers", type=int, default=2)
@@ -77,11 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         ]
         me = psutil.Process()
         with tf.compat.v1.Session() as sess, ProducerGroup(cmds, endpoint) as group:
-            t_end_warm = time.monotonic() + args.warmup
+            # Warm-up lasts --warmup seconds and until the trainer's RSS has settled (within 1% for 2 s; at most
+            # a minute): a loaded machine takes longer to reach its allocators' steady state, which is not a leak.
+            t_warm = time.monotonic()
+            settled_rss, settled_at = me.memory_info().rss, t_warm
             n = 0
-            while time.monotonic() < t_end_warm:
+            while True:
                 sess.run(touched)
                 n += 1
+                now, now_rss = time.monotonic(), me.memory_info().rss
+                if abs(now_rss - settled_rss) > 0.01 * settled_rss:
+                    settled_rss, settled_at = now_rss, now
+                if now - t_warm >= args.warmup and (now - settled_at >= 2.0 or now - t_warm >= 60.0):
+                    break
             producers = tree([p.pid for p in group.procs])
             start = (me.memory_info().rss, rss(producers))
             t0, n0 = time.monotonic(), n
