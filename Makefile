@@ -7,7 +7,7 @@ STAMP := $(VENV)/.feedbench-installed
 BENCH_ARGS ?= --bench --out results
 TEST_ARGS ?=
 
-.PHONY: install op bench test lint fuzz soak clean
+.PHONY: install op bench test gpu-check lint fuzz soak clean
 
 install: $(STAMP) op
 
@@ -26,6 +26,10 @@ bench: install
 
 test: install
 	$(PY) -m pytest $(TEST_ARGS)
+
+# On a machine with GPUs: placement, bandwidth and a short run of both trainers (docs/gpu.md).
+gpu-check: install
+	$(PY) -m benchmarks.gpu_check
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
