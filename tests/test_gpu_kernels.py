@@ -74,3 +74,32 @@ def test_a_uint8_variable_on_a_gpu_is_reported_with_its_type():
         tf.identity(v)
     missing = missing_gpu_kernels(g)
     assert missing == ["batch (VariableV2 on /device:GPU:1): dtype=uint8"]
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory) -> str:
+    from producers.dataset import make_dataset
+
+    root = tmp_path_factory.mktemp("jpegs")
+    make_dataset(root, 2, 4)
+    return str(root)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("dali_device", ["cpu", "gpu"])
+@pytest.mark.parametrize("update", UPDATES, ids=["replicated", "ps-cpu", "ps-gpu"])
+def test_dali_ops_on_a_gpu_have_gpu_kernels(jpegs, update, dali_device, n):
+    pytest.importorskip("nvidia.dali.plugin.tf", reason="DALI's TensorFlow plugin is not installed")
+    cfg = BenchConfig(
+        paths=["dali"], num_gpus=n, batch=2, image_size=32, input_only=True, data=jpegs, dali_device=dali_device
+    )
+    cfg.variable_update, cfg.ps_device = update
+    apply_defaults(cfg, n)
+    try:
+        g = build(cfg, "dali", n, has_gpu=True, endpoint="ipc:///tmp/feedbench-kernels-not-bound").graph
+    except RuntimeError as e:
+        if dali_device == "gpu" and any(w in str(e) for w in ("CUDA", "GPU", "pipeline")):
+            pytest.skip("DALI cannot make a GPU pipeline without CUDA on this machine")
+        raise
+    missing = missing_gpu_kernels(g)
+    assert not missing, "\n".join(missing)
