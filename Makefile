@@ -9,7 +9,7 @@ BENCH_ARGS ?= --bench --out results
 # its module-wide fixtures (built graphs, a baseline run) are made once. TEST_ARGS=-n0 runs it serially.
 TEST_ARGS ?= -n auto --dist loadfile --durations=25
 
-.PHONY: install op bench test lint fuzz soak clean
+.PHONY: install op bench test gpu-check lint fuzz soak clean
 
 install: $(STAMP) op
 
@@ -28,6 +28,10 @@ bench: install
 
 test: install
 	$(PY) -m pytest $(TEST_ARGS)
+
+# On a machine with GPUs: placement, bandwidth and a short run of both trainers (docs/gpu.md).
+gpu-check: install
+	$(PY) -m benchmarks.gpu_check
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

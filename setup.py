@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,20 +28,17 @@ def _installed(dist: str) -> bool:
         return False
 
 
-def _has_gpu() -> bool:
-    smi = shutil.which("nvidia-smi")
-    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
-
-
 def tensorflow_requirements() -> list[str]:
-    """TensorFlow and tf_keras, without ever pulling a second TensorFlow wheel.
+    """TensorFlow and tf_keras, unless a TensorFlow is already installed.
 
-    `tensorflow` and `tensorflow-cpu` overwrite each other's files. tf_keras
-    depends on `tensorflow` by name, so next to `tensorflow-cpu` it must be
-    installed with --no-deps (scripts/setup_env.sh does) and is not listed here.
+    scripts/setup_env.sh installs it first: the `tensorflow` wheel (CUDA
+    kernels; runs without a GPU too), and on a GPU machine into a folder of
+    its own with its CUDA 12 libraries, apart from torch's CUDA 13 ones
+    (docs/gpu.md). Listing it again here would let pip put a second copy into
+    site-packages. `tensorflow` and `tensorflow-cpu` overwrite each other's files.
     """
-    if _installed("tensorflow-cpu") or (not _installed("tensorflow") and not _has_gpu()):
-        return [f"tensorflow-cpu=={TF_VERSION}"]
+    if _installed("tensorflow") or _installed("tensorflow-cpu"):
+        return []
     return [f"tensorflow=={TF_VERSION}", f"tf_keras=={TF_VERSION}"]
 
 

@@ -25,15 +25,45 @@ fi
 pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" --upgrade pip setuptools wheel
 
-# One TensorFlow wheel only: tensorflow-cpu without a GPU, tensorflow[and-cuda] with one.
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 \
-   && ! "$VENV/bin/python" -m pip show -q tensorflow-cpu >/dev/null 2>&1; then
-  "${pip[@]}" "tensorflow[and-cuda]==2.21.0" "tf_keras==2.21.0"
-else
-  "${pip[@]}" "tensorflow-cpu==2.21.0"
-  # tf_keras names `tensorflow` as its dependency; it would pull the second wheel.
-  "${pip[@]}" --no-deps "tf_keras==2.21.0"
+# TensorFlow: the `tensorflow` wheel everywhere. It carries the CUDA kernels and runs without a GPU, so
+# its kernel registry can check GPU placement on any machine (tests/test_gpu_kernels.py); tensorflow-cpu,
+# which overwrites the same files, is replaced. tf_keras names `tensorflow` as its dependency: --no-deps.
+# One CUDA per framework (docs/gpu.md): TensorFlow 2.21 is built for CUDA 12, torch 2.14 for CUDA 13, and
+# their cuDNN and NCCL wheels (nvidia-cudnn-cu12/-cu13, nvidia-nccl-cu12/-cu13) write the same files
+# (nvidia/cudnn/lib/libcudnn*.so.9, nvidia/nccl/lib/libnccl.so.2). TensorFlow finds its CUDA libraries
+# next to itself ($ORIGIN/../nvidia/*/lib), so on a GPU machine it goes with its CUDA 12 libraries into a
+# folder of its own, $TF_GPU, on the venv's path; torch keeps CUDA 13 in site-packages. A CPU machine
+# needs no CUDA for TensorFlow: the plain wheel goes into site-packages.
+TF_GPU="$VENV/tensorflow-cuda12"
+pyv=$("$VENV/bin/python" -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')
+site="$VENV/lib/$pyv/site-packages"
+gpu=0
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu=1
+have_dist() { "$VENV/bin/python" -m pip show -q "$1" >/dev/null 2>&1; }
+if have_dist tensorflow-cpu; then
+  "$VENV/bin/python" -m pip uninstall -y -q tensorflow-cpu
 fi
+if [ "$gpu" = 1 ]; then
+  if [ -f "$site/feedbench-tensorflow-cuda12.pth" ] && [ -d "$TF_GPU/tensorflow" ] \
+     && ls "$TF_GPU"/tensorflow-2.21.0.dist-info >/dev/null 2>&1; then
+    :  # already there
+  else
+    # A TensorFlow in site-packages would shadow the one in $TF_GPU; its CUDA 12 wheels there overwrote
+    # torch's cuDNN/NCCL files, so those are put back below.
+    rm -f "$site/feedbench-tensorflow-cuda12.pth"
+    rm -rf "$TF_GPU"
+    if have_dist tensorflow; then "$VENV/bin/python" -m pip uninstall -y -q tensorflow; fi
+    cu12=$("$VENV/bin/python" -m pip list --format=freeze 2>/dev/null | sed -n 's/^\(nvidia-[a-z-]*-cu12\)==.*/\1/p' \
+           | grep -v -E 'nvjpeg|nvimgcodec|nvtiff|nvcomp|dali' || true)
+    if [ -n "$cu12" ]; then "$VENV/bin/python" -m pip uninstall -y -q $cu12; fi
+    "${pip[@]}" --target "$TF_GPU" "tensorflow[and-cuda]==2.21.0"
+    echo "$(cd "$TF_GPU" && pwd)" > "$site/feedbench-tensorflow-cuda12.pth"
+    reinstall_torch_cuda=1
+  fi
+elif ! have_dist tensorflow; then
+  "${pip[@]}" "tensorflow==2.21.0"
+fi
+"${pip[@]}" --no-deps "tf_keras==2.21.0"
 
 # PyTorch beside TensorFlow, for `bench_input.py --framework torch` (the same wheels run on CPU and CUDA);
 # SPDL for the `spdl` reference loader. Skipped when these versions are already there: pip would
@@ -46,6 +76,13 @@ if ! { have torch 2.14.1 && have torchvision 0.29.1 && have spdl 0.8.0; }; then
   if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
     "$VENV/bin/python" -m pip uninstall -y -q triton
   fi
+fi
+
+# torch's CUDA 13 wheels, put back where TensorFlow's CUDA 12 ones had overwritten or removed their files.
+if [ "${reinstall_torch_cuda:-0}" = 1 ] && have torch 2.14.1; then
+  torch_cuda=$("$VENV/bin/python" -c 'import importlib.metadata as m, re
+print(" ".join(r.split(";")[0].replace(" ", "") for r in m.requires("torch") or [] if r.startswith("nvidia-") and "extra ==" not in r))')
+  if [ -n "$torch_cuda" ]; then "${pip[@]}" --force-reinstall --no-deps $torch_cuda; fi
 fi
 
 # The project itself (editable) with its test and DALI extras; this builds the zmq_ops op.

@@ -48,10 +48,15 @@ def make(path: str, n: int, update=("replicated", "cpu"), resnet: bool = False, 
     return build(cfg, path, n, has_gpu=True, endpoint="ipc:///tmp/feedbench-placement-not-bound")
 
 
+# Ops that only view or convert a tensor where it is: a variable's read, and the baseline's
+# bitcast, reshape and cast from the types a GPU variable holds (tf_trainer/inputs/gpu.py).
+VIEWS = frozenset({"Identity", "Bitcast", "Reshape", "StridedSlice", "Cast"})
+
+
 def source(t):
-    """The op that makes tensor `t`, looking through Identity (a variable's read)."""
+    """The op that makes tensor `t`, looking through the ops in VIEWS."""
     op = t.op
-    while op.type == "Identity":
+    while op.type in VIEWS:
         op = op.inputs[0].op
     return op
 

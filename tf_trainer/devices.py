@@ -5,11 +5,37 @@ from __future__ import annotations
 import os
 import platform
 
+from core import gpus as nvidia
+from core.errors import ConfigError
 from tf_trainer.tf_env import tf
+
+# How to get the TensorFlow that can use this machine's GPUs (scripts/setup_env.sh, docs/gpu.md).
+TF_FIX = "run `make install`, which installs the `tensorflow` wheel with CUDA 12 (docs/gpu.md)"
+
+
+def cuda_build() -> str | None:
+    """The CUDA version this TensorFlow was built with ("12.5.1"), None for tensorflow-cpu."""
+    t = tf()
+    if not t.test.is_built_with_cuda():
+        return None
+    return str(t.sysconfig.get_build_info().get("cuda_version") or "12")
 
 
 def gpu_count() -> int:
-    return len(tf().config.list_physical_devices("GPU"))
+    """The GPUs TensorFlow sees; a ConfigError when the machine has NVIDIA GPUs and it sees none.
+
+    Never a silent run on the host of a GPU machine: the error names the cause
+    (a CPU-only wheel, a driver too old for the wheel's CUDA, CUDA libraries
+    that did not load) and the fix. CUDA_VISIBLE_DEVICES="" (or -1) hides the
+    GPUs on purpose: the run says so and uses the CPU.
+    """
+    n = len(tf().config.list_physical_devices("GPU"))
+    problem = nvidia.unseen_gpus("TensorFlow", n, cuda_build(), TF_FIX)
+    if problem:
+        raise ConfigError(problem)
+    if n == 0 and (hidden := nvidia.hidden_by_env()) and nvidia.nvidia_gpus():
+        print(f"note: {hidden} hides this machine's NVIDIA GPUs: the towers run on the CPU", flush=True)
+    return n
 
 
 def describe() -> dict:

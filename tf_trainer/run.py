@@ -42,12 +42,15 @@ tf = tf()
 
 
 class _Quiet(logging.Filter):
-    """Drop tensorpack lines that mislead here: GPU warnings where towers on CPU are intended, and
-    its failure record (malformed, it prints a logging traceback; the run reports the error itself)."""
+    """Drop tensorpack lines that mislead here: its failure record (malformed, it prints a logging
+    traceback; the run reports the error itself) and, only where towers on the CPU are intended (no
+    GPU), its GPU and placement warnings. With GPUs every placement message gets through."""
 
     NOISE = (
         "Training failed at global_step",
         "non-trainable",  # batch-norm statistics live on the first tower only, as in tensorpack's BatchNorm
+    )
+    CPU_ONLY_NOISE = (
         "not built with CUDA",
         "GPU",
         "gpu_device",
@@ -57,13 +60,42 @@ class _Quiet(logging.Filter):
         "Manually set",
     )
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.has_gpu = False  # set by run_path for each run
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not any(n in str(record.msg) for n in self.NOISE)
+        msg = str(record.msg)
+        noise = self.NOISE if self.has_gpu else self.NOISE + self.CPU_ONLY_NOISE
+        return not any(n in msg for n in noise)
 
 
 _log = logging.getLogger("tensorpack")
 _log.setLevel(logging.WARNING)
-_log.addFilter(_Quiet())
+QUIET = _Quiet()
+_log.addFilter(QUIET)
+
+
+def warn_soft_placement(graph) -> list[str]:
+    """Say which ops soft placement will move off their GPU (no GPU kernel for their types); returns them.
+
+    The session allows soft placement, so such an op would otherwise run on
+    the host without a word, its inputs copied across every step. The answer
+    comes from TensorFlow's kernel registry (tf_trainer/kernels.py); where it
+    cannot answer (tensorflow-cpu) there is no GPU to move anything off.
+    """
+    from tf_trainer import kernels
+
+    if not kernels.registry_has_gpu_kernels():
+        return []
+    moved = kernels.missing_gpu_kernels(graph)
+    if moved:
+        print(
+            f"  warning: soft placement moves {len(moved)} op(s) from their GPU to the host (no GPU kernel): "
+            + "; ".join(moved),
+            flush=True,
+        )
+    return moved
 
 
 class _WatchProducers(Callback):
@@ -307,9 +339,12 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
     group: ProducerGroup | None = None
     built: Built | None = None
     release_endpoint = None
+    QUIET.has_gpu = has_gpu
     try:
         built = build(cfg, path, cfg.num_gpus, has_gpu, cfg.endpoint or (run_dir.endpoint(path) if run_dir else None))
         cfg = built.cfg
+        if has_gpu:
+            warn_soft_placement(built.graph)
         if cfg.endpoint and built.path.needs_producers:
             # The op binds it, and ZMQ leaves the socket file behind (for shm://, the slot messages'
             # socket); a signal skips `finally` and the op's own clean-up, so it is a shutdown clean-up too.

@@ -113,7 +113,9 @@ class ResNet50Model(ModelDesc):
         correct = tf.cast(tf.nn.in_top_k(predictions=logits, targets=labels, k=1), tf.float32)
         train_error = tf.subtract(1.0, tf.reduce_mean(correct), name="train-error-top1")
         # Moving summaries cost nothing unless tensorpack's MovingAverageSummary callback runs them.
-        add_moving_summary(xentropy, wd_cost, cost, train_error)
+        # On the host: summary ops have no GPU kernel, and their averages are four scalars.
+        with tf.device("/cpu:0"):
+            add_moving_summary(xentropy, wd_cost, cost, train_error)
         return cost
 
     def optimizer(self) -> v1.train.Optimizer:

@@ -13,12 +13,24 @@
 // each step refills by `overlap` of a period (capped at one period), as a
 // GPU's queue hides the host launching the next step. Idle time beyond the
 // bank (waiting for input) is never made up for.
+//
+// Two kernels share that schedule. The CPU kernel copies the batch on the
+// host. The GPU kernel never brings the batch to the host: on the op's GPU
+// stream it copies the batch device to device (the one read, where the batch
+// landed) and writes its output there, then queues a host callback on the
+// stream; the step's device time starts when the stream reaches the
+// callback, once the batch has really arrived and been read on the GPU. The
+// callback only hands the deadline to the timer thread (no CUDA call may run
+// inside it), which calls `done`. Only StreamExecutor's interface from
+// TensorFlow's own headers is used, so it builds without the CUDA toolkit;
+// under tensorflow-cpu the GPU registration is simply never used.
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <queue>
 #include <thread>
@@ -28,6 +40,8 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "xla/stream_executor/device_address.h"
+#include "xla/stream_executor/stream.h"
 
 #ifndef EMULATED_DEVICE_BUILD_STAMP
 #define EMULATED_DEVICE_BUILD_STAMP "unknown"
@@ -105,15 +119,72 @@ class Timer {
   uint64_t seq_ = 0;
 };
 
-class EmulatedDeviceStepOp : public AsyncOpKernel {
+// The device-time schedule of one op (one tower): when a step that arrives now finishes.
+class Schedule {
  public:
-  explicit EmulatedDeviceStepOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rate", &rate_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("overlap", &overlap_));
-    OP_REQUIRES(ctx, rate_ > 0, errors::InvalidArgument("rate must be more than 0 images/s, got ", rate_));
-    OP_REQUIRES(ctx, overlap_ >= 0 && overlap_ <= 1,
-                errors::InvalidArgument("overlap must be within [0, 1], got ", overlap_));
+  Schedule(float rate, float overlap) : rate_(rate), overlap_(overlap) {}
+
+  Clock::time_point Deadline(Clock::time_point arrived, int64_t batch) {
+    const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(batch / rate_));
+    const auto hidden = std::chrono::duration_cast<Clock::duration>(period * overlap_);
+    std::lock_guard<std::mutex> lock(mu_);
+    Clock::time_point start;
+    if (!started_) {
+      start = arrived;
+      started_ = true;
+    } else if (arrived <= busy_until_) {
+      start = busy_until_;
+    } else {
+      // The device sat idle since busy_until_: host work between steps, or waiting for input.
+      // A bank of hidden time, refilled by `overlap` of a period per step and capped at one
+      // period, lets the device hide that much; anything longer is idle time for good.
+      bank_ = std::min(bank_ + hidden, period);
+      const Clock::duration credit = std::min(arrived - busy_until_, bank_);
+      bank_ -= credit;
+      start = arrived - credit;
+    }
+    busy_until_ = start + period;
+    return busy_until_;
   }
+
+ private:
+  const float rate_;
+  const float overlap_;
+  std::mutex mu_;
+  bool started_ = false;
+  Clock::time_point busy_until_{};
+  Clock::duration bank_{0};
+};
+
+// Finish a step at its deadline, from the timer thread (at once if the deadline has passed).
+void FinishAt(Clock::time_point deadline, AsyncOpKernel::DoneCallback done) {
+  if (Clock::now() >= deadline) {
+    done();
+    return;
+  }
+  Timer::Get().At(deadline, std::move(done));
+}
+
+class EmulatedDeviceStepBase : public AsyncOpKernel {
+ public:
+  explicit EmulatedDeviceStepBase(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    float rate = 0;
+    float overlap = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rate", &rate));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("overlap", &overlap));
+    OP_REQUIRES(ctx, rate > 0, errors::InvalidArgument("rate must be more than 0 images/s, got ", rate));
+    OP_REQUIRES(ctx, overlap >= 0 && overlap <= 1,
+                errors::InvalidArgument("overlap must be within [0, 1], got ", overlap));
+    schedule_ = std::make_shared<Schedule>(rate, overlap);
+  }
+
+ protected:
+  std::shared_ptr<Schedule> schedule_;
+};
+
+class EmulatedDeviceStepOp : public EmulatedDeviceStepBase {
+ public:
+  using EmulatedDeviceStepBase::EmulatedDeviceStepBase;
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Clock::time_point arrived = Clock::now();
@@ -122,30 +193,7 @@ class EmulatedDeviceStepOp : public AsyncOpKernel {
                       errors::InvalidArgument("images must have a batch dimension, got shape ",
                                               images.shape().DebugString()),
                       done);
-    const int64_t batch = images.dim_size(0);
-    const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(batch / rate_));
-    const auto hidden = std::chrono::duration_cast<Clock::duration>(period * overlap_);
-
-    Clock::time_point start;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!started_) {
-        start = arrived;
-        started_ = true;
-      } else if (arrived <= busy_until_) {
-        start = busy_until_;
-      } else {
-        // The device sat idle since busy_until_: host work between steps, or waiting for input.
-        // A bank of hidden time, refilled by `overlap` of a period per step and capped at one
-        // period, lets the device hide that much; anything longer is idle time for good.
-        bank_ = std::min(bank_ + hidden, period);
-        const Clock::duration credit = std::min(arrived - busy_until_, bank_);
-        bank_ -= credit;
-        start = arrived - credit;
-      }
-      busy_until_ = start + period;
-    }
-    const Clock::time_point deadline = start + period;
+    const Clock::time_point deadline = schedule_->Deadline(arrived, images.dim_size(0));
 
     // The one pass over the batch: copy it where the device would hold it.
     const auto bytes = images.tensor_data();
@@ -160,26 +208,68 @@ class EmulatedDeviceStepOp : public AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
     // 1.0 plus a vanishing trace of the batch: the loss depends on the data, the step on this op.
     out->scalar<float>()() = 1.0f + static_cast<float>(check) * 1e-12f;
-
-    if (Clock::now() >= deadline) {
-      done();
-      return;
-    }
-    Timer::Get().At(deadline, std::move(done));
+    FinishAt(deadline, std::move(done));
   }
 
  private:
-  float rate_ = 0;
-  float overlap_ = 0;
-  std::mutex mu_;
-  bool started_ = false;
-  Clock::time_point busy_until_{};
-  Clock::duration bank_{0};
   std::mutex buffer_mu_;
   std::vector<char> buffer_;
 };
 
+// The GPU kernel: the batch stays on the GPU, and the step starts when the GPU stream reaches it.
+class EmulatedDeviceStepGpuOp : public EmulatedDeviceStepBase {
+ public:
+  using EmulatedDeviceStepBase::EmulatedDeviceStepBase;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor& images = ctx->input(0);
+    OP_REQUIRES_ASYNC(ctx, images.dims() >= 1,
+                      errors::InvalidArgument("images must have a batch dimension, got shape ",
+                                              images.shape().DebugString()),
+                      done);
+    tensorflow::DeviceContext* device_context = ctx->op_device_context();
+    stream_executor::Stream* stream = device_context != nullptr ? device_context->stream() : nullptr;
+    OP_REQUIRES_ASYNC(ctx, stream != nullptr, errors::Internal("EmulatedDeviceStep on a GPU found no GPU stream"),
+                      done);
+    const int64_t batch = images.dim_size(0);
+    const uint64_t nbytes = images.TotalBytes();
+
+    // The one pass over the batch, on the device: a device-to-device copy into this step's buffer.
+    Tensor copy;
+    OP_REQUIRES_OK_ASYNC(
+        ctx, ctx->allocate_temp(tensorflow::DT_UINT8, TensorShape({static_cast<int64_t>(nbytes)}), &copy), done);
+    if (nbytes > 0) {
+      stream_executor::DeviceAddressBase src(const_cast<char*>(images.tensor_data().data()), nbytes);
+      stream_executor::DeviceAddressBase dst(const_cast<char*>(copy.tensor_data().data()), nbytes);
+      OP_REQUIRES_OK_ASYNC(ctx, stream->MemcpyD2D(&dst, src, nbytes), done);
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
+    stream_executor::DeviceAddressBase work(out->data(), sizeof(float));
+    const float one = 1.0f;
+    uint32_t pattern = 0;
+    std::memcpy(&pattern, &one, sizeof(pattern));
+    OP_REQUIRES_OK_ASYNC(ctx, stream->Memset32(&work, pattern, sizeof(float)), done);
+
+    // Queued behind the copy: when the stream gets here the batch is on the device and read, and the
+    // step's device time may start. `copy` rides along so its memory outlives the stream's use of it.
+    // A shared `done`: if queueing fails the callback never runs and the step is failed here.
+    auto shared_done = std::make_shared<DoneCallback>(std::move(done));
+    std::shared_ptr<Schedule> schedule = schedule_;
+    const absl::Status queued = stream->DoHostCallback([schedule, batch, copy, shared_done]() {
+      FinishAt(schedule->Deadline(Clock::now(), batch), std::move(*shared_done));
+    });
+    if (!queued.ok()) {
+      ctx->SetStatus(errors::Internal("EmulatedDeviceStep: queueing the step on the GPU stream failed: ",
+                                      queued.ToString()));
+      (*shared_done)();
+    }
+  }
+};
+
 REGISTER_KERNEL_BUILDER(Name("EmulatedDeviceStep").Device(tensorflow::DEVICE_CPU), EmulatedDeviceStepOp);
+// The batch in device memory (no HostMemory input): it is read on the GPU, never copied to the host.
+REGISTER_KERNEL_BUILDER(Name("EmulatedDeviceStep").Device(tensorflow::DEVICE_GPU), EmulatedDeviceStepGpuOp);
 
 }  // namespace
 }  // namespace feedbench

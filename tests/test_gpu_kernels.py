@@ -1,0 +1,105 @@
+"""Every op a run puts on a GPU has a GPU kernel for its types, asked of TensorFlow's own kernel registry.
+
+The trainer's session allows soft placement, so an op on `/gpu:k` without a
+GPU kernel would not fail on a GPU machine: TensorFlow would quietly run it
+on the host and copy its inputs across every step (the baseline's uint8
+batch variable once did exactly that). Graphs are built as a machine with 2
+or 4 GPUs builds them (`build(..., has_gpu=True)`), without running them,
+for every path, variable update and model. The registry answers without a
+GPU, but only in the CUDA build of TensorFlow (the `tensorflow` wheel, which
+`make install` installs); under `tensorflow-cpu` the module is skipped.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from core import registry
+from core.config import BenchConfig, apply_defaults
+from tf_trainer.kernels import gpu_device, missing_gpu_kernels, registry_has_gpu_kernels
+from tf_trainer.run import build
+from tf_trainer.tf_env import tf
+
+tf = tf()
+registry.load("tf")
+
+if not registry_has_gpu_kernels():
+    pytest.skip(
+        "tensorflow-cpu is installed: it registers no GPU kernels to check against "
+        "(the `tensorflow` wheel does, on any machine; `make install` installs it)",
+        allow_module_level=True,
+    )
+
+PATHS = ["gpu", "cpu", "python-queue", "python-dataset", "zmq-consume"]
+UPDATES = [("replicated", "cpu"), ("parameter_server", "cpu"), ("parameter_server", "gpu")]
+MODELS = {
+    "input-only": {"input_only": True},
+    "resnet50": {},
+    "emulated": {"model": "emulated", "emulate_rate": 1000.0},
+}
+
+
+def make(path: str, n: int, update: tuple[str, str], model: str):
+    cfg = BenchConfig(
+        paths=[path],
+        num_gpus=n,
+        batch=2,
+        image_size=32,
+        variable_update=update[0],
+        ps_device=update[1],
+        **MODELS[model],
+    )
+    apply_defaults(cfg, n)
+    return build(cfg, path, n, has_gpu=True, endpoint="ipc:///tmp/feedbench-kernels-not-bound")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("update", UPDATES, ids=["replicated", "ps-cpu", "ps-gpu"])
+@pytest.mark.parametrize("path", PATHS)
+def test_every_op_on_a_gpu_has_a_gpu_kernel(path, update, model, n):
+    g = make(path, n, update, model).graph
+    on_gpu = [op for op in g.get_operations() if gpu_device(g, op)]
+    # Not vacuous: each tower's model and its batch are on its GPU.
+    assert {gpu_device(g, op) for op in on_gpu} == {f"/device:GPU:{k}" for k in range(n)}
+    missing = missing_gpu_kernels(g)
+    assert not missing, f"{len(missing)} of {len(on_gpu)} ops on a GPU have no GPU kernel:\n" + "\n".join(missing)
+
+
+def test_a_uint8_variable_on_a_gpu_is_reported_with_its_type():
+    """The check itself: the baseline's old uint8 batch variable is named, with its type and device."""
+    g = tf.Graph()
+    with g.as_default(), tf.device("/gpu:1"):
+        v = tf.compat.v1.Variable(tf.zeros([4], tf.uint8), name="batch")
+        tf.identity(v)
+    missing = missing_gpu_kernels(g)
+    assert missing == ["batch (VariableV2 on /device:GPU:1): dtype=uint8"]
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory) -> str:
+    from producers.dataset import make_dataset
+
+    root = tmp_path_factory.mktemp("jpegs")
+    make_dataset(root, 2, 4)
+    return str(root)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("dali_device", ["cpu", "gpu"])
+@pytest.mark.parametrize("update", UPDATES, ids=["replicated", "ps-cpu", "ps-gpu"])
+def test_dali_ops_on_a_gpu_have_gpu_kernels(jpegs, update, dali_device, n):
+    pytest.importorskip("nvidia.dali.plugin.tf", reason="DALI's TensorFlow plugin is not installed")
+    cfg = BenchConfig(
+        paths=["dali"], num_gpus=n, batch=2, image_size=32, input_only=True, data=jpegs, dali_device=dali_device
+    )
+    cfg.variable_update, cfg.ps_device = update
+    apply_defaults(cfg, n)
+    try:
+        g = build(cfg, "dali", n, has_gpu=True, endpoint="ipc:///tmp/feedbench-kernels-not-bound").graph
+    except RuntimeError as e:
+        if dali_device == "gpu" and any(w in str(e) for w in ("CUDA", "GPU", "pipeline")):
+            pytest.skip("DALI cannot make a GPU pipeline without CUDA on this machine")
+        raise
+    missing = missing_gpu_kernels(g)
+    assert not missing, "\n".join(missing)
