@@ -215,10 +215,12 @@ def validate(cfg, paths: dict) -> None:
 
     check_producer_flags(cfg)
     if cfg.model == "emulated":
-        from core.emulate import EmulateError, Emulation
+        from core.config import emulated_batch
+        from core.emulate import EmulateError, Emulation, check_step
 
         try:
-            Emulation.of(cfg.emulate, cfg.emulate_rate)
+            emu = Emulation.of(cfg.emulate, cfg.emulate_rate)
+            check_step(emu.images_per_sec, cfg.batch or emulated_batch(emu.images_per_sec), cfg.recv_timeout)
         except EmulateError as e:
             raise ConfigError(str(e)) from None
         if cfg.input_only:
@@ -363,7 +365,9 @@ def _model_words(cfg) -> str:
     """What the run trains: ResNet-50, or an emulated device with its rate and source."""
     if cfg.model == "emulated":
         e = cfg.emulation
-        return f"emulated {e['device']} ({e['images_per_sec']:.0f} img/s per device) [source: {e['source']}]"
+        from core.emulate import rate_text
+
+        return f"emulated {e['device']} ({rate_text(e['images_per_sec'])} img/s per device) [source: {e['source']}]"
     return f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
 
 
