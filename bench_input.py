@@ -138,8 +138,9 @@ def parse_args(argv: list[str], paths: dict):
         "--max-msg-size", type=positive_int, help="largest message accepted, bytes (default: from batch and image size)"
     )
     g.add_argument(
-        "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
-    )
+        "--allow-remote", action="store_true",
+        help="allow --endpoint, or this cluster task's --*-hosts entry, on a non-loopback address (unauthenticated)",
+    )  # fmt: skip
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     g = p.add_argument_group("several machines (--framework torch, on torchrun)")
@@ -299,6 +300,15 @@ def _main(argv: list[str]) -> int:
 
         bind_host.ensure(task.host_port, task.address, task.allow_remote)  # listen on the task's own address only
     validate(cfg, paths)
+    if grid is not None and grid.get("emulate_rate"):  # every swept rate, with the largest batch swept
+        from core.config import emulated_batch
+        from core.emulate import EmulateError, check_step
+
+        for rate in grid["emulate_rate"]:
+            try:
+                check_step(rate, max(grid.get("batch") or [cfg.batch or emulated_batch(rate)]), cfg.recv_timeout)
+            except EmulateError as e:
+                raise ConfigError(str(e)) from None
     if framework == "torch":
         from torch_trainer.run import main as torch_main
 

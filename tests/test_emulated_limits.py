@@ -76,3 +76,11 @@ def test_rate_text_reads_like_a_number():
     assert rate_text(7000) == "7,000"
     assert rate_text(12.5) == "12.5"
     assert rate_text(1e-9) == "1.00e-09"
+
+
+def test_a_swept_rate_whose_step_would_outlast_the_run_is_refused_up_front():
+    r = bench("--sweep", "--emulate-rate", "500,1e-9", "--fake-location", "gpu", "--image-size", "16", timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+    assert len(lines) == 1 and lines[0].startswith("error: --emulate-rate 1e-09: one step of 8 images"), lines
+    assert "sweep" not in r.stdout
