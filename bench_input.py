@@ -138,8 +138,9 @@ def parse_args(argv: list[str], paths: dict):
         "--max-msg-size", type=positive_int, help="largest message accepted, bytes (default: from batch and image size)"
     )
     g.add_argument(
-        "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
-    )
+        "--allow-remote", action="store_true",
+        help="allow --endpoint, or this cluster task's --*-hosts entry, on a non-loopback address (unauthenticated)",
+    )  # fmt: skip
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     g = p.add_argument_group("several machines (--framework torch, on torchrun)")
@@ -215,10 +216,12 @@ def validate(cfg, paths: dict) -> None:
 
     check_producer_flags(cfg)
     if cfg.model == "emulated":
-        from core.emulate import EmulateError, Emulation
+        from core.config import emulated_batch
+        from core.emulate import EmulateError, Emulation, check_step
 
         try:
-            Emulation.of(cfg.emulate, cfg.emulate_rate)
+            emu = Emulation.of(cfg.emulate, cfg.emulate_rate)
+            check_step(emu.images_per_sec, cfg.batch or emulated_batch(emu.images_per_sec), cfg.recv_timeout)
         except EmulateError as e:
             raise ConfigError(str(e)) from None
         if cfg.input_only:
@@ -297,6 +300,15 @@ def _main(argv: list[str]) -> int:
 
         bind_host.ensure(task.host_port, task.address, task.allow_remote)  # listen on the task's own address only
     validate(cfg, paths)
+    if grid is not None and grid.get("emulate_rate"):  # every swept rate, with the largest batch swept
+        from core.config import emulated_batch
+        from core.emulate import EmulateError, check_step
+
+        for rate in grid["emulate_rate"]:
+            try:
+                check_step(rate, max(grid.get("batch") or [cfg.batch or emulated_batch(rate)]), cfg.recv_timeout)
+            except EmulateError as e:
+                raise ConfigError(str(e)) from None
     if framework == "torch":
         from torch_trainer.run import main as torch_main
 
@@ -363,7 +375,9 @@ def _model_words(cfg) -> str:
     """What the run trains: ResNet-50, or an emulated device with its rate and source."""
     if cfg.model == "emulated":
         e = cfg.emulation
-        return f"emulated {e['device']} ({e['images_per_sec']:.0f} img/s per device) [source: {e['source']}]"
+        from core.emulate import rate_text
+
+        return f"emulated {e['device']} ({rate_text(e['images_per_sec'])} img/s per device) [source: {e['source']}]"
     return f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
 
 

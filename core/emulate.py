@@ -46,6 +46,38 @@ PRESETS: dict[str, Preset] = {
 DEFAULT_PRESET = "H100"
 
 
+def rate_text(rate: float) -> str:
+    """A rate as people read it: `97,361,705,223`, `7,000`, `12.5`, `0.25`, `1.00e-09` (never `0` for a small one)."""
+    if rate >= 1000:
+        return f"{rate:,.0f}"
+    if rate >= 0.01:
+        return f"{rate:.4g}"
+    return f"{rate:.2e}"
+
+
+def duration_text(seconds: float) -> str:
+    """`8.0 s`, `5.3 min`, `2.2 h`, `3.1 days`, `253.7 years`."""
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def check_step(rate: float, batch: int, limit_s: float) -> None:
+    """EmulateError when one emulated step of `batch` images at `rate` per device would outlast `limit_s`.
+
+    Such a run would sit in its first step for longer than it waits for
+    anything else (--recv-timeout), and look hung.
+    """
+    step = batch / rate
+    if step > limit_s:
+        raise EmulateError(
+            f"--emulate-rate {rate:g}: one step of {batch} images at {rate_text(rate)} img/s per device would take "
+            f"{duration_text(step)}, longer than the run waits for anything (--recv-timeout {limit_s:g} s); "
+            f"give at least {rate_text(batch / limit_s)} img/s"
+        )
+
+
 class EmulateError(ValueError):
     """A bad --emulate / --emulate-rate value; the message names it."""
 
@@ -82,8 +114,8 @@ class Emulation:
         return cls(p.images_per_sec, p.name, p.source)
 
     def label(self) -> str:
-        """How every table says it: `emulated H100 (7000 img/s per device)`."""
-        return f"emulated {self.device} ({self.images_per_sec:.0f} img/s per device)"
+        """How every table says it: `emulated H100 (7,000 img/s per device)`."""
+        return f"emulated {self.device} ({rate_text(self.images_per_sec)} img/s per device)"
 
     def to_dict(self) -> dict:
         return {"emulated": True, "device": self.device, "images_per_sec": self.images_per_sec, "source": self.source}

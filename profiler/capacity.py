@@ -10,6 +10,8 @@ achieves at that rate. Demand is devices x rate. The search:
    below that delivered rate, stepping down until it keeps up;
 3. bisect (geometrically) between the highest rate kept up with and the lowest not,
    until they are within `tolerance` or the probes run out.
+The capacity is the demand of the highest probe kept up with, but never more
+than that probe delivered.
 Every probe is kept, so a reader sees the search, not just its answer.
 """
 
@@ -85,9 +87,12 @@ class CapacitySearch:
             else:
                 hi = rate
         best = max((p for p in self.probes if p["kept_up"]), key=lambda p: p["rate_per_device"], default=None)
+        # Never more than a probe delivered: a demand the devices could not step at (a rate beyond what this
+        # machine emulates) is not a capacity of the path.
+        capacity = min(lo * self.towers, best["images_per_sec"]) if lo is not None and best else None
         return {
             "threshold": self.threshold,
-            "images_per_sec": lo * self.towers if lo is not None else None,
+            "images_per_sec": capacity,
             "rate_per_device": lo,
             "achieved_images_per_sec": best["images_per_sec"] if best else None,
             "bracket_per_device": [lo, hi],

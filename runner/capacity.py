@@ -7,7 +7,9 @@ follows the rate so that a step lasts about the same time at every rate.
 The gpu baseline is measured at the preset's rate (twice, the better run
 counts) and at each path's
 capacity; between those, its efficiency (achieved / set rate) is taken as
-measured at the preset's rate.
+measured at the preset's rate, unless the machine could not step the
+devices at half that rate: then the baseline at a rate is the demand, at
+most what it delivered. A capacity is never more than its probe delivered.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from core.config import BASELINE, BenchConfig, emulated_batch
+from core.emulate import rate_text
 from profiler.capacity import CapacitySearch
 
 PROBE_STEPS = {"warmup_steps": 8, "steps": 20, "repeats": 1}
+LOW_EFFICIENCY = 0.5  # below this share of the set rate, the machine, not the path, limits the baseline
 
 
 def probe_config(cfg: BenchConfig, rate: float, batch_given: bool) -> BenchConfig:
@@ -51,12 +55,21 @@ def find_capacities(
     base0_ips = base0["images_per_sec"]["median"]
     efficiency = base0_ips / (start * towers)
     log(
-        f"  gpu baseline at {start:g} img/s per device: {base0_ips:.0f} img/s "
-        f"({100 * efficiency:.1f}% of the set {start * towers:g})"
+        f"  gpu baseline at {rate_text(start)} img/s per device: {rate_text(base0_ips)} img/s "
+        f"({100 * efficiency:.1f}% of the set {rate_text(start * towers)})"
     )
+    if efficiency < LOW_EFFICIENCY:
+        log(
+            f"  note: the emulated devices step at only {100 * efficiency:.2g}% of the set rate on this machine; "
+            "each capacity is at most what its probes delivered"
+        )
 
     def baseline(rate: float) -> float:
-        return base0_ips if rate == start else efficiency * rate * towers
+        if rate == start:
+            return base0_ips
+        if efficiency < LOW_EFFICIENCY:  # the machine caps the devices: no more than the demand or that cap
+            return min(rate * towers, base0_ips)
+        return efficiency * rate * towers
 
     results: dict[str, dict] = {BASELINE: base0}
     for path in cfg.paths:
@@ -67,8 +80,8 @@ def find_capacities(
         def probe(rate: float, path: str = path, first: dict = first) -> dict:
             r = run_path(probe_config(cfg, rate, batch_given), path)
             log(
-                f"  {path}: demand {rate * towers:.0f} img/s ({rate:.0f} per device) -> "
-                f"{r['images_per_sec']['median']:.0f} img/s"
+                f"  {path}: demand {rate_text(rate * towers)} img/s ({rate_text(rate)} per device) -> "
+                f"{rate_text(r['images_per_sec']['median'])} img/s"
             )
             if not first:
                 first.update(r)
@@ -105,10 +118,10 @@ def table(results: dict[str, dict]) -> str:
         if not c:
             continue
         if path == BASELINE:
-            rows.append([path, f"{c['images_per_sec']:.0f}", f"{c['devices']:.2f}", "baseline", "-"])
+            rows.append([path, rate_text(c["images_per_sec"]), f"{c['devices']:.2f}", "baseline", "-"])
             continue
         lo, hi = c["bracket_per_device"]
-        cap = "< lowest probe" if c["images_per_sec"] is None else f"{c['images_per_sec']:.0f}"
+        cap = "< lowest probe" if c["images_per_sec"] is None else rate_text(c["images_per_sec"])
         if hi is None and c["images_per_sec"] is not None:
             cap = ">= " + cap
         rows.append([path, cap, f"{c['devices']:.2f}", str(len(c["probes"])), _bracket(lo, hi)])
@@ -121,6 +134,6 @@ def table(results: dict[str, dict]) -> str:
 
 
 def _bracket(lo: float | None, hi: float | None) -> str:
-    a = "-" if lo is None else f"{lo:.0f}"
-    b = "-" if hi is None else f"{hi:.0f}"
+    a = "-" if lo is None else rate_text(lo)
+    b = "-" if hi is None else rate_text(hi)
     return f"{a} ok / {b} short"

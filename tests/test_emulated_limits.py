@@ -1,0 +1,86 @@
+"""Emulated rates at the edges: a capacity is never more than a probe delivered, a rate whose step would outlast
+the run is refused up front, and rates are printed as people read them.
+
+Real processes: bench_input.py as a user starts it, on the cpu path (no producers) with small images.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from core.emulate import rate_text
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def bench(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    p = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench_input.py"), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise AssertionError(f"bench_input.py {' '.join(args)} did not finish within {timeout} s") from None
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def test_a_capacity_never_exceeds_what_a_probe_delivered(tmp_path):
+    out = tmp_path / "r.json"
+    r = bench(
+        "--find-capacity", "--emulate-rate", "1e12", "--fake-location", "cpu", "--num-gpus", "1",
+        "--image-size", "16", "--batch", "8", "--json", str(out), timeout=360,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    cap = json.loads(out.read_text())["capacity"]["cpu"]
+    delivered = max(p["images_per_sec"] for p in cap["probes"])
+    assert cap["images_per_sec"] is None or cap["images_per_sec"] <= delivered, (cap["images_per_sec"], delivered)
+    assert "each capacity is at most what its probes delivered" in r.stdout
+    # Rates are printed readably: thousands separated, no 12-digit runs, in the search and its table.
+    out_lines = r.stdout.splitlines()
+    head = next(i for i, ln in enumerate(out_lines) if "capacity img/s" in ln)
+    table = out_lines[head + 2 : head + 4]  # the gpu and cpu rows
+    lines = [ln for ln in out_lines if "demand" in ln or "baseline at" in ln] + table
+    assert len(lines) >= 3, r.stdout[-3000:]
+    assert not [ln for ln in lines if re.search(r"\d{5,}", ln)], lines
+    assert "(1,000,000,000,000 img/s per device)" in r.stdout
+
+
+@pytest.mark.parametrize("rate,batch", [("1e-9", None), ("0.01", "8")])
+def test_a_rate_whose_step_would_outlast_the_run_is_refused_up_front(rate, batch):
+    args = ["--emulate-rate", rate, "--fake-location", "gpu", "--image-size", "16"]
+    r = bench(*args, *(["--batch", batch] if batch else []), timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith(f"error: --emulate-rate {float(rate):g}: one step of 8 images at "), lines[0]
+    assert "longer than the run waits for anything (--recv-timeout 60 s); give at least 0.1333 img/s" in lines[0]
+    assert "feedbench:" not in r.stdout and "capacity:" not in r.stdout
+
+
+def test_rate_text_reads_like_a_number():
+    assert rate_text(97_361_705_223.4) == "97,361,705,223"
+    assert rate_text(7000) == "7,000"
+    assert rate_text(12.5) == "12.5"
+    assert rate_text(1e-9) == "1.00e-09"
+
+
+def test_a_swept_rate_whose_step_would_outlast_the_run_is_refused_up_front():
+    r = bench("--sweep", "--emulate-rate", "500,1e-9", "--fake-location", "gpu", "--image-size", "16", timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+    assert len(lines) == 1 and lines[0].startswith("error: --emulate-rate 1e-09: one step of 8 images"), lines
+    assert "sweep" not in r.stdout
