@@ -46,8 +46,10 @@ class Prefetcher:
         depth: int = 2,
         timeout: float | None = None,
         name: str = "prefetch",
+        check: Callable[[], None] | None = None,
     ) -> None:
         self.device = device
+        self.check = check  # called while the step waits: raises if the source can no longer deliver
         self.cuda = device.type == "cuda"
         self.depth = depth
         self.timeout = timeout
@@ -122,6 +124,8 @@ class Prefetcher:
                 item = self._queue.get(timeout=0.5)
                 break
             except queue.Empty:
+                if self.check is not None:
+                    self.check()  # a producer that died: say so now, not after the receive timeout
                 if self._error is not None or not self._thread.is_alive():
                     item = _END
                     break

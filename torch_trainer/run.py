@@ -18,6 +18,7 @@ import platform
 import socket
 import sys
 import tempfile
+import threading
 import time
 
 from core.config import BenchConfig, apply_defaults
@@ -108,6 +109,19 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple
 
     gpus = torch.cuda.device_count()
     notes = apply_defaults(cfg, gpus)
+    if gpus and cfg.num_gpus > gpus:
+        check_machine(cfg, gpus)  # refuses: more ranks than GPUs
+    if sweep is None:
+        check_memory(cfg, gpus)
+    else:  # every grid point, before the first starts
+        import copy
+
+        from profiler.sweep import points
+
+        for point in points(*sweep):
+            point = copy.deepcopy(point)
+            apply_defaults(point, gpus)
+            check_memory(point, gpus)
     check_machine(cfg, gpus)
     if sweep is not None:
         return _sweep(*sweep, gpus, nodes, args.out or "results")
@@ -149,6 +163,31 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple
     return 0
 
 
+def check_memory(cfg: BenchConfig, gpus: int) -> None:
+    """Refuse, with the figure, a run whose ranks cannot fit in this machine's memory or its GPUs' (ConfigError)."""
+    import psutil
+
+    from core import registry
+    from runner import memory
+
+    fed = not cfg.endpoint and any(registry.get("torch", p).needs_producers for p in cfg.paths)
+    est = memory.estimate(
+        cfg.batch, cfg.image_size, cfg.num_gpus, gpus,
+        stand_in=cfg.input_only or cfg.model == "emulated", half=cfg.use_fp16,
+        producers=cfg.producers if fed else 0, producer_workers=cfg.producer_workers, hwm=cfg.hwm,
+    )  # fmt: skip
+    device = None
+    if gpus:
+        import torch
+
+        # The smallest GPU's total memory: asking for its free memory would open a CUDA context here.
+        device = min(torch.cuda.get_device_properties(i).total_memory for i in range(cfg.num_gpus))
+    what = f"--batch {cfg.batch} at --image-size {cfg.image_size}"
+    line = memory.check(est, psutil.virtual_memory().available, device, what, cfg.num_gpus)
+    if line:
+        raise ConfigError(line)
+
+
 def _header(cfg: BenchConfig, version: str, gpus: int, nodes) -> str:
     world = cfg.num_gpus * nodes.nnodes
     kind = "GPU" if gpus else "CPU"
@@ -167,18 +206,29 @@ def _header(cfg: BenchConfig, version: str, gpus: int, nodes) -> str:
 def _launch(cfg: BenchConfig, nodes) -> dict | None:
     """One torchrun launch of every path in `cfg`; rank 0's document, or None on other nodes.
 
-    Raises InputError with the failing rank's line (or torchrun's exit code).
+    Raises InputError with the line that explains a failure (a rank's own, or how a rank died).
+    The run's folder is removed on every exit, Ctrl-C and SIGTERM included.
     """
+    import shutil
+
+    from runner import shutdown
     from torch_trainer.launch import launch
 
     if cfg.max_msg_size is None:
         cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
-    with tempfile.TemporaryDirectory(prefix="feedbench-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="feedbench-")
+
+    def remove() -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    shutdown.register(remove)  # registered first, so it runs after the launcher is stopped
+    try:
         rc, doc, errors = launch(cfg.num_gpus, nodes, cfg.to_dict(), tmp)
-    if errors:
-        raise InputError(errors[0])
+    finally:
+        shutdown.unregister(remove)
+        remove()
     if rc != 0:
-        raise InputError(f"torchrun exited with code {rc} (see the ranks' output above)")
+        raise InputError(errors[0])
     if nodes.node_rank != 0:
         print(f"node {nodes.node_rank}: done; node 0 writes the report")
         return None
@@ -305,6 +355,9 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
 
     model, opt, scaler, amp = build(cfg, ctx.device, ctx.world)
     path = registry.get("torch", name)(cfg)
+    where = place(path, ctx)
+    with open(os.path.join(ctx.result_dir, f"at-rank{ctx.rank}.txt"), "w") as f:
+        f.write(where + "\n")  # what this rank was doing, should it die without a word
     timer = RankTimer(cfg.warmup_steps, cfg.steps, cfg.repeats)
     channels_last = cfg.data_format == "NHWC"
     show = ctx.rank == 0 and cfg.telemetry
@@ -349,19 +402,33 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
         figures["stages"] = path.stage_figures()
         figures.update(path.accounting())
         figures["batches_trained"] = timer.needed
-    except FeedbenchError:
-        raise
-    except Exception as e:  # a producer that died, a receive that timed out: one line naming the path
-        from runner.producer_group import ProducerDied
-
-        if isinstance(e, (ProducerDied, TimeoutError, RuntimeError)):
-            raise InputError(
-                f"{name}: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}"
-            ) from e
-        raise
+    except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
+        # A producer that died, a receive that timed out, a batch of the wrong shape: one line
+        # naming the path and its endpoint (ValueError: the wire's and the receiver's batch errors).
+        raise InputError(f"{where}: {detail(e, name)}") from e
     finally:
         path.close()
     return figures
+
+
+def place(path, ctx) -> str:
+    """`<path>: <endpoint(s)>`, or the path's name where it reads no endpoint: how its errors start."""
+    endpoints = path.endpoints(ctx)
+    return f"{path.name}: {', '.join(endpoints)}" if endpoints else path.name
+
+
+def detail(e: BaseException, name: str) -> str:
+    """An exception's message as one line, without the path's name or a re-raised traceback's class prefix.
+
+    A DataLoader worker's exception comes back with the worker's traceback in its message; its
+    last line is `module.Class: message`.
+    """
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(e).__name__
+    cls = type(e)
+    for prefix in (f"{cls.__module__}.{cls.__qualname__}: ", f"{cls.__qualname__}: ", f"{name}: "):
+        text = text.removeprefix(prefix)
+    return text
 
 
 def _mean_known(values) -> float | None:
@@ -431,8 +498,12 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict], amp) -> dict:
 def worker(argv: list[str] | None = None) -> int:
     """One rank, as torchrun starts it: train every path of the config, gather, rank 0 writes the result."""
     from runner import shutdown
+    from torch_trainer.launch import follow_launcher
 
-    shutdown.install()  # SIGTERM from torchrun (another rank failed) stops this rank's producers too
+    # SIGTERM from torchrun (another rank failed, the run was stopped) stops this rank's producers too;
+    # quietly: bench_input.py says what happened, in one line.
+    shutdown.install(announce=False)
+    follow_launcher()  # and so does the launcher's death
     p = argparse.ArgumentParser(prog="python -m torch_trainer.run")
     p.add_argument("--config", required=True)
     p.add_argument("--result-dir", required=True)
@@ -467,7 +538,7 @@ def worker(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(f"- {name} ...", flush=True)
             t0 = time.perf_counter()
-            ctx = RankContext(rank, world, local_rank, device, rank_dir)
+            ctx = RankContext(rank, world, local_rank, device, rank_dir, a.result_dir)
             figures = train_path(cfg, name, ctx)
             figures.update(rank=rank, host=host, device=dev_name)
             gathered: list = [None] * world
@@ -482,12 +553,15 @@ def worker(argv: list[str] | None = None) -> int:
 
             doc = {"device": describe_machine(torch), "paths": results}
             atomic_write(os.path.join(a.result_dir, "result.json"), json.dumps(doc))
-    except FeedbenchError as e:
-        _error(a.result_dir, rank, str(e))
-        code = e.exit_code
     except Exception as e:  # a producer that died, a receive timeout, an import that failed
-        _error(a.result_dir, rank, f"rank {rank}: {type(e).__name__}: {e}")
-        code = 1
+        if shutdown.stopping():  # being stopped: the watcher exits once the producers are gone
+            threading.Event().wait()
+        if isinstance(e, FeedbenchError):
+            _error(a.result_dir, rank, str(e), e.exit_code)
+            code = e.exit_code
+        else:
+            _error(a.result_dir, rank, f"rank {rank}: {type(e).__name__}: {e}", 1)
+            code = 1
     finally:
         shutdown.run_cleanups()
         if code == 0:
@@ -505,10 +579,12 @@ def build_amp(cfg: BenchConfig, device):
     return torch.float16 if device.type == "cuda" else torch.bfloat16
 
 
-def _error(result_dir: str, rank: int, message: str) -> None:
+def _error(result_dir: str, rank: int, message: str, code: int) -> None:
+    """This rank's one line and exit code, for bench_input.py (torch_trainer.launch.failure_lines)."""
     line = message.strip().splitlines()[0] if message.strip() else "failed"
-    with open(os.path.join(result_dir, f"error-rank{rank}.txt"), "w") as f:
-        f.write(line + "\n")
+    from core.atomic import atomic_write
+
+    atomic_write(os.path.join(result_dir, f"error-rank{rank}.json"), json.dumps({"line": line, "code": code}))
 
 
 if __name__ == "__main__":

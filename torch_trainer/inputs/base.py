@@ -26,6 +26,7 @@ class RankContext:
     local_rank: int
     device: torch.device
     tmpdir: str
+    result_dir: str | None = None  # the run's folder (the rank's `tmpdir` is inside it)
 
     def endpoint(self, cfg: Any, path: str, part: int | None = None) -> str:
         """This rank's endpoint (and a part of it, for one per loader worker).
@@ -51,6 +52,10 @@ class TorchInputPath(InputPath):
         """Start what the path needs on this rank (producers, sockets, loader workers)."""
         self.ctx = ctx
 
+    def endpoints(self, ctx: RankContext) -> list[str]:
+        """The endpoints this path reads on rank `ctx.rank` (none: it reads no socket); errors name them."""
+        return []
+
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
@@ -63,6 +68,23 @@ class TorchInputPath(InputPath):
 
     def check(self) -> None:
         """Between steps: raise if a producer the path depends on has died."""
+
+
+def expected_batch(cfg: Any):
+    """What every batch from a producer must be: uint8 [batch, size, size, 3] images and int32 [batch] labels."""
+    from consumers.expect import BatchSpec
+
+    return BatchSpec.images(cfg.batch, cfg.image_size)
+
+
+def check_batch(expected, arrays, producer_id: int | None) -> None:
+    """Raise BatchMismatch naming the producer and both layouts when `arrays` are not what the run expects."""
+    from consumers.expect import BatchMismatch
+
+    wrong = expected.mismatch(arrays)
+    if wrong:
+        who = f" from producer {producer_id}" if producer_id is not None else ""
+        raise BatchMismatch(f"batch{who} {wrong}")
 
 
 def labels_of(t: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,14 @@ from consumers.accounting import SeqTracker
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
-from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of, rank_producer_ids
+from torch_trainer.inputs.base import (
+    ProducerFed,
+    RankContext,
+    check_batch,
+    expected_batch,
+    labels_of,
+    rank_producer_ids,
+)
 from torch_trainer.prefetch import as_tensor
 
 
@@ -33,6 +40,7 @@ class PullDataset(IterableDataset):
         self.max_msg_size = cfg.max_msg_size
         self.allow_remote = cfg.allow_remote
         self.curve_keys = cfg.curve_keys
+        self.expected = expected_batch(cfg)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
@@ -42,8 +50,9 @@ class PullDataset(IterableDataset):
         ) as consumer:
             while True:
                 batch = consumer.recv()
-                images, labels = batch.arrays[:2]
                 h = batch.header
+                check_batch(self.expected, batch.arrays, h.producer_id if h is not None else None)
+                images, labels = batch.arrays
                 ident = torch.tensor([h.producer_id, h.seq] if h is not None else [-1, -1])
                 # Copied once, into the tensor the loader hands to the trainer process (shared memory).
                 yield as_tensor(images).clone(), as_tensor(labels).clone(), ident
@@ -65,11 +74,15 @@ class PythonDataset(ProducerFed):
 
     loader_iter = None
 
+    def endpoints(self, ctx: RankContext) -> list[str]:
+        workers = len(rank_producer_ids(self.cfg.producers, ctx.rank, ctx.world))
+        return [ctx.endpoint(self.cfg, self.name, w) for w in range(workers)]
+
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)
         cfg = self.cfg
-        workers = len(rank_producer_ids(cfg.producers, ctx.rank, ctx.world))
-        endpoints = [ctx.endpoint(cfg, self.name, w) for w in range(workers)]
+        endpoints = self.endpoints(ctx)
+        workers = len(endpoints)
         self.tracker = SeqTracker()
         self.trained = 0
         self.loader = DataLoader(
@@ -83,12 +96,26 @@ class PythonDataset(ProducerFed):
         )
         self.loader_iter = iter(self.loader)  # the workers start and bind their endpoints
         self.start(endpoints)
+        if self.group is not None:
+            # A producer that died leaves its worker waiting for the receive timeout: stop the workers, so
+            # the step's wait ends now and check() names the producer.
+            self.group.on_failure(self._stop_workers)
+
+    def _stop_workers(self) -> None:
+        for w in getattr(self.loader_iter, "_workers", []):
+            if w.is_alive():
+                w.terminate()
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             images, labels, ident = next(self.loader_iter)
+        except RuntimeError:  # the workers were stopped because a producer died: name it
+            self.check()
+            raise
         except ReceiveTimeout as e:
-            raise InputError(f"{self.name}: {str(e).strip().splitlines()[-1]}") from None
+            raise InputError(
+                str(e).strip().splitlines()[-1].removeprefix("consumers.zmq_pull.ReceiveTimeout: ")
+            ) from None
         pid, seq = (int(x) for x in ident)
         if pid >= 0:
             self.tracker.add(pid, seq)
