@@ -31,7 +31,7 @@ def cmdline(p: psutil.Process) -> str:
 def is_rank(p: psutil.Process) -> bool:
     """A rank (python -m torch_trainer.run), not torchrun's launcher, whose arguments name it too."""
     line = cmdline(p)
-    return "torch_trainer.run" in line and "torch_trainer.launch" not in line
+    return "-m torch_trainer.run" in line
 
 
 def wait_for(pid: int, what: str, n: int, timeout: float = 240) -> list[psutil.Process]:
