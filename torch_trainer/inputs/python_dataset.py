@@ -1,5 +1,6 @@
 """`python-dataset`: torch.utils.data.DataLoader over an IterableDataset whose worker processes pull
-from the producers, with `pin_memory`; the step copies each batch to the device asynchronously.
+from the producers, with `pin_memory`; each batch is copied to the device on a side stream, the next
+batch's copy overlapping the current step, and its labels widened to int64 on the device.
 
 Each loader worker binds an endpoint of its own and is fed by its share of
 the rank's producers (one worker per producer). Batches carry their producer
@@ -27,7 +28,7 @@ from torch_trainer.inputs.base import (
     labels_of,
     rank_producer_ids,
 )
-from torch_trainer.prefetch import as_tensor
+from torch_trainer.prefetch import SideCopy, as_tensor
 
 
 class PullDataset(IterableDataset):
@@ -85,6 +86,8 @@ class PythonDataset(ProducerFed):
         workers = len(endpoints)
         self.tracker = SeqTracker()
         self.trained = 0
+        self.copier = SideCopy(ctx.device) if ctx.device.type == "cuda" else None
+        self._ready = None
         self.loader = DataLoader(
             PullDataset(endpoints, cfg),
             batch_size=None,
@@ -106,7 +109,8 @@ class PythonDataset(ProducerFed):
             if w.is_alive():
                 w.terminate()
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pull(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loader's next batch, in pinned host memory on a GPU machine; counted by producer."""
         try:
             images, labels, ident = next(self.loader_iter)
         except RuntimeError:  # the workers were stopped because a producer died: name it
@@ -120,8 +124,17 @@ class PythonDataset(ProducerFed):
         if pid >= 0:
             self.tracker.add(pid, seq)
         self.trained += 1
-        dev = self.ctx.device
-        return images.to(dev, non_blocking=True), labels_of(labels).to(dev, non_blocking=True)
+        return images, labels
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.copier is None:  # CPU: the loader's tensors are the step's input
+            images, labels = self._pull()
+            return images, labels_of(labels)
+        if self._ready is None:
+            self._ready = self.copier.start(self._pull())
+        images, labels = self.copier.hand_over(self._ready)
+        self._ready = self.copier.start(self._pull())  # the next batch's copy overlaps this step
+        return images, labels_of(labels)  # int32 -> int64 on the device, after the copy
 
     def accounting(self) -> dict:
         # What reached the trainer; batches still in the workers' prefetch are not counted.
