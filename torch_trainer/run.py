@@ -398,6 +398,8 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     channels_last = cfg.data_format == "NHWC"
     show = ctx.rank == 0 and cfg.telemetry
     cuda = ctx.device.type == "cuda"
+    # DDP's gradients are views of its buckets: zero them in place, or every step re-creates them as copies.
+    bucket_views = ctx.world > 1 and not cfg.input_only
     sync_debug = os.environ.get(SYNC_DEBUG_ENV) if cuda else None  # python -m torch_trainer.gpu_check
     try:
         path.open(ctx)
@@ -416,7 +418,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
                 out = model(x)
             stand_in = cfg.input_only or cfg.model == "emulated"  # no classifier: a scalar to train
             loss = out.float().mean() if stand_in else F.cross_entropy(out.float(), labels)
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=not bucket_views)
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.step(opt)
