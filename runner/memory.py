@@ -14,8 +14,11 @@ ResNet-50, channels-last, SGD with momentum):
   pixels); the peak resident memory of a step grows by 2,480 to 2,660 bytes
   per pixel (batch 2 -> 16 at 64x64, 64x64 -> 128x128 at batch 16: the saved
   tensors plus the gradients being computed). `ACT_BYTES_PER_PIXEL` takes
-  2,500; half precision stores activations in 2 bytes where float32 takes 4,
-  hence about half of that.
+  2,500 for host memory; on a GPU, where cuDNN's backward may need less
+  scratch than the CPU's, only what autograd must keep is counted
+  (`SAVED_BYTES_PER_PIXEL`, 1,700), so a batch that might just fit is not
+  refused. Half precision stores activations in 2 bytes where float32 takes
+  4, hence about half of each.
 - a CPU rank with the model, its gradients and the optimizer's momentum
   (3 x 102 MB) and PyTorch itself resides in about 1.1 GB before its first
   batch, of which the libraries' pages are shared between ranks; `RANK_BYTES`
@@ -40,6 +43,7 @@ from dataclasses import dataclass
 GB = 1e9
 ACT_BYTES_PER_PIXEL = 2_500  # ResNet-50 training, float32 (measured: see above)
 HALF_ACT_BYTES_PER_PIXEL = 1_250  # the same with float16/bfloat16 autocast
+SAVED_BYTES_PER_PIXEL = 1_700  # what autograd keeps for the backward pass: the floor on a GPU
 STAND_IN_BYTES_PER_PIXEL = 48  # --input-only / emulated: the float copies normalize makes
 RANK_BYTES = 0.8 * GB  # a CPU rank before its first batch: PyTorch, the model, its gradients, momentum
 DEVICE_RANK_BYTES = 1.0 * GB  # the same on a GPU (CUDA context instead of the host runtime)
@@ -79,6 +83,8 @@ def estimate(
     producing = producers * producer_workers * (hwm + 2) * batch_bytes
     if gpus:
         host = ranks * (HOST_RANK_BYTES + inputs) + producing
+        saved = STAND_IN_BYTES_PER_PIXEL if stand_in else SAVED_BYTES_PER_PIXEL // (2 if half else 1)
+        activations = float(pixels * saved)
         per_device = DEVICE_RANK_BYTES + activations
     else:
         host = ranks * (RANK_BYTES + activations + inputs) + producing

@@ -456,6 +456,8 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
         # naming the path and its endpoint (ValueError: the wire's and the receiver's batch errors).
         raise InputError(f"{where}: {detail(e, name)}") from e
     finally:
+        if sync_debug:
+            torch.cuda.set_sync_debug_mode(0)  # closing a path may synchronize, deliberately
         path.close()
     return figures
 
