@@ -102,9 +102,11 @@ def _one_error_line(err: str) -> str:
     return lines[0]
 
 
-def test_a_killed_producer_ends_the_run_with_one_line_naming_the_path_and_endpoint(procs, tmpdir_env):
+@pytest.mark.parametrize("path", ["python-queue", "python-dataset", "zmq-consume"])
+def test_a_killed_producer_ends_the_run_with_one_line_naming_the_path_and_endpoint(procs, tmpdir_env, path):
+    """The rank waiting for that producer's batches notices at once, not after the 120 s receive timeout."""
     tmp, env = tmpdir_env
-    run = procs.start("bench_input.py", *LONG, "--fake-location", "python-queue", env=env)
+    run = procs.start("bench_input.py", *LONG, "--fake-location", path, env=env)
     producers = wait_for(run.pid, "-m producers", 2)
     time.sleep(1.0)
     everything = descendants(run.pid)
@@ -113,7 +115,7 @@ def test_a_killed_producer_ends_the_run_with_one_line_naming_the_path_and_endpoi
     out, err = run.communicate(timeout=120)
     assert run.returncode == 2, err
     line = _one_error_line(err)
-    assert line.startswith("error: python-queue: ipc://") and "/python-queue: producer" in line, line
+    assert line.startswith(f"error: {path}: ipc://") and f"/{path}" in line and ": producer " in line, line
     assert "killed by SIGKILL" in line, line
     assert not psutil.wait_procs(everything, timeout=30)[1]
     assert not run_folders(tmp)
