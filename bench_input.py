@@ -113,7 +113,10 @@ def parse_args(argv: list[str], paths: dict):
     g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer-kind decode|dali and dali")
     g.add_argument("--producer-workers", type=positive_int, default=1, help="worker processes per producer")
     g.add_argument(
-        "--dali-threads", type=positive_int, default=1, help="threads of each DALI pipeline (dali producers, dali path)"
+        "--dali-threads",
+        type=positive_int,
+        help="threads of each DALI pipeline (dali producers, dali path); default: the cores per device, "
+        "at most 4 when DALI decodes on the GPU",
     )
     g.add_argument(
         "--dali-device", choices=("cpu", "gpu"),

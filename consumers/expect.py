@@ -27,6 +27,10 @@ def receive_cap(batch: int, image_size: int) -> int:
     return max(MIN_RECEIVE_CAP, int((batch * image_size * image_size * 3 + batch * 4) * 1.25) + 64 * 1024)
 
 
+class BatchMismatch(ValueError):
+    """A well-formed batch that is not what the run expects; the message names the producer and both layouts."""
+
+
 def describe(tensors: Sequence[tuple[str, Sequence[int]]]) -> str:
     """`uint8 [64,224,224,3], int32 [64]`: dtypes and shapes as a user reads them."""
     return ", ".join(f"{dtype} [{','.join(str(d) for d in shape)}]" for dtype, shape in tensors)

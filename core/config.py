@@ -45,7 +45,7 @@ class BenchConfig:
     producers: int = 2
     producer_workers: int = 1
     producer_kind: str = "synthetic"  # synthetic, decode or dali
-    dali_threads: int = 1  # threads of the in-process DALI pipeline (the dali path)
+    dali_threads: int | None = None  # threads of each DALI pipeline (None: see apply_defaults)
     dali_device: str | None = None  # where DALI decodes, in the dali path and the dali producers: cpu or gpu
     data: str | None = None
     wire_format: str = "native"
@@ -98,6 +98,11 @@ def apply_defaults(cfg: BenchConfig, gpus: int) -> list[str]:
         cfg.data_format = "NCHW" if has_gpu else "NHWC"
     if cfg.dali_device is None:
         cfg.dali_device = "gpu" if has_gpu else "cpu"
+    if cfg.dali_threads is None:
+        # The cores each device can have; a GPU pipeline needs a few for reading and nvJPEG's host stage
+        # (DALI's examples use 4), a CPU one decodes on all of its share.
+        share = max(1, (os.cpu_count() or 1) // max(1, cfg.num_gpus))
+        cfg.dali_threads = min(4, share) if cfg.dali_device == "gpu" else share
     if cfg.shrunk:
         what = ", ".join(f"{k.replace('_', '-')} {a}->{b}" for k, (a, b) in cfg.shrunk.items())
         notes.append(

@@ -262,6 +262,7 @@ def producer_command(
     dali_device: str | None = None,
     cpu_ms_per_batch: float | None = None,
     busy_wait: bool = False,
+    device_id: int | None = None,
 ) -> list[str]:
     """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
@@ -276,7 +277,9 @@ def producer_command(
     if stats_file:
         extra += ["--stats-file", stats_file]
     if kind == "dali":
-        extra += ["--dali-threads", str(dali_threads)]
+        extra += ["--dali-threads", str(dali_threads or 1)]
+        if device_id is not None and dali_device == "gpu":  # decode on the GPU this producer feeds
+            extra += ["--device-id", str(device_id)]
     if busy_wait:
         extra += ["--busy-wait"]
     if cpu_ms_per_batch and kind == "synthetic":
@@ -295,8 +298,13 @@ def producer_command(
     )
 
 
-def run_producer_command(cfg: Any, endpoint: str, producer_id: int, stats_file: str) -> list[str]:
-    """The command line of one of a run's producers, from the run's flags (both trainers start them so)."""
+def run_producer_command(
+    cfg: Any, endpoint: str, producer_id: int, stats_file: str, device_id: int | None = None
+) -> list[str]:
+    """The command line of one of a run's producers, from the run's flags (both trainers start them so).
+
+    `device_id`: the GPU the producer's batches go to, where a dali producer decodes with --dali-device gpu.
+    """
     return producer_command(
         cfg.producer_kind,
         endpoint,
@@ -314,6 +322,7 @@ def run_producer_command(cfg: Any, endpoint: str, producer_id: int, stats_file: 
         dali_device=cfg.dali_device,
         cpu_ms_per_batch=cfg.producer_cpu_ms,
         busy_wait=cfg.producer_busy_wait,
+        device_id=device_id,
     )
 
 
@@ -323,7 +332,9 @@ def start_producers(cfg: Any, endpoint: str, folder: str) -> ProducerGroup:
     `folder` is the run's own: the producers remove it if the run dies first.
     """
     stats = [os.path.join(folder, f"producer-{i}.json") for i in range(cfg.producers)]
-    cmds = [run_producer_command(cfg, endpoint, 1000 * i, stats[i]) for i in range(cfg.producers)]
+    # dali producers decoding on GPUs: spread over the towers' GPUs, not all on GPU 0.
+    gpus = max(1, cfg.num_gpus or 1)
+    cmds = [run_producer_command(cfg, endpoint, 1000 * i, stats[i], i % gpus) for i in range(cfg.producers)]
     return ProducerGroup(cmds, endpoint, stats, cfg.on_producer_exit, run_dir=folder).start()
 
 

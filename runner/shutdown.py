@@ -20,6 +20,8 @@ SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _cleanups: list[Callable[[], None]] = []
 _lock = threading.Lock()
 _installed = False
+_announce = True
+_stopping = threading.Event()
 
 
 def register(fn: Callable[[], None]) -> None:
@@ -44,25 +46,35 @@ def run_cleanups() -> None:
             print(f"warning: clean-up failed: {e}", file=sys.stderr)
 
 
+def stopping() -> bool:
+    """True once a signal is being handled: the process is about to exit, whatever else happens."""
+    return _stopping.is_set()
+
+
 def _watch() -> None:
     sig = signal.sigwait(SIGNALS)
-    print(
-        f"\ninterrupted ({signal.Signals(sig).name}): stopping producers; no results written",
-        file=sys.stderr,
-        flush=True,
-    )
+    _stopping.set()
+    if _announce:
+        print(
+            f"\ninterrupted ({signal.Signals(sig).name}): stopping producers; no results written",
+            file=sys.stderr,
+            flush=True,
+        )
     run_cleanups()
     os._exit(128 + sig)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them
 
 
-def install() -> None:
+def install(announce: bool = True) -> None:
     """Call from the main thread first thing, before any import that starts threads (TensorFlow, matplotlib).
 
     Threads inherit the blocked mask, so only the watcher takes the signals. A
     signal the run was started with ignored (SIGINT under `nohup` or `cmd &`)
     is taken too: an ignored signal would be dropped even while blocked.
+    `announce=False` stops without a line: a process whose parent speaks for
+    the run (a PyTorch rank, stopped by its launcher).
     """
-    global _installed
+    global _installed, _announce
+    _announce = announce
     if _installed:
         return
     _installed = True

@@ -184,3 +184,11 @@ def test_sweep_runs_one_launch_per_grid_point(procs, tmp_path):
     assert [r["config"]["batch"] for r in doc["runs"]] == [2, 4]
     assert all(r["config"]["framework"] == "torch" for r in doc["runs"])
     assert {f.name for f in out.iterdir()} >= {"results.json", "results.csv", "results.md"}
+
+
+def test_dali_says_where_it_decoded(every_path):
+    if "dali" not in every_path:
+        pytest.skip("dali is not installed")
+    r = every_path["dali"]
+    assert r["decoded_on"] == [{"rank": 0, "on": "cpu"}, {"rank": 1, "on": "cpu"}]  # no GPU here: DALI's CPU mode
+    assert "decoded_on" not in every_path["python-queue"]  # synthetic producers decode nothing

@@ -6,8 +6,14 @@ ends with a device synchronize, so queued GPU work is inside the window that
 launched it. Images/s of a window counts every rank's images over the slowest
 rank's wall time; the figures are the median with min and max.
 
-Input wait is what a step spends blocked in its feeder's `next()`, measured
-on every step (it costs two clock reads).
+Input wait is the time the device sat idle waiting for the batch. On a GPU
+two CUDA events on the step's stream frame the hand-over: one recorded before
+`next()` (done when the previous step's work is), one after it (done when the
+stream's wait for the batch's copy is over too); their distance, read at the
+window's end when both are long done, is the device's wait, with no sync per
+step. The host's time inside `next()` would count a wait for a batch while
+the device is still busy with queued work. On the CPU the device is the host:
+the time spent blocked in `next()` (two clock reads).
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ class RankTimer:
     waits: list[float] = field(default_factory=list)
     losses: list = field(default_factory=list)
     window_walls: list[float] = field(default_factory=list)
+    device_marks: list = field(default_factory=list)  # (event before next(), event after) per step, CUDA only
+
+    @staticmethod
+    def mark(cuda: bool):
+        """A timing event recorded on the current stream (None on the CPU)."""
+        if not cuda:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
     @property
     def needed(self) -> int:
@@ -55,6 +71,11 @@ class RankTimer:
         if step >= self.warmup:
             first = step - self.steps + 1
             self.window_walls.append(self.ends[step] - self.starts[first])
+        # Every event of the window is done: the device's waits replace the host's.
+        for i, (before, after) in enumerate(self.device_marks):
+            if before is not None:
+                self.waits[i] = before.elapsed_time(after) / 1e3
+                self.device_marks[i] = (None, None)
 
     @staticmethod
     def now() -> float:

@@ -72,10 +72,21 @@ class EmulatedDevice(nn.Module):
         return (x[:, :1, :1, :1].float().flatten(1) * self.scale).expand(-1, 2)
 
 
+_STATS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and std tensors, made once per device: building them per step copies (and syncs) every step."""
+    if device not in _STATS:
+        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1).to(device)
+        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1).to(device)
+        _STATS[device] = (mean, std)
+    return _STATS[device]
+
+
 def normalize(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
     """uint8 NHWC images on the device -> float32 NCHW (channels-last in memory for NHWC), ImageNet-normalised."""
     x = images.permute(0, 3, 1, 2).float()  # an NHWC tensor viewed as NCHW is channels-last already
-    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
+    mean, std = _stats(x.device)
     x = (x - mean) / std
     return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -46,8 +46,10 @@ class Prefetcher:
         depth: int = 2,
         timeout: float | None = None,
         name: str = "prefetch",
+        check: Callable[[], None] | None = None,
     ) -> None:
         self.device = device
+        self.check = check  # called while the step waits: raises if the source can no longer deliver
         self.cuda = device.type == "cuda"
         self.depth = depth
         self.timeout = timeout
@@ -122,6 +124,8 @@ class Prefetcher:
                 item = self._queue.get(timeout=0.5)
                 break
             except queue.Empty:
+                if self.check is not None:
+                    self.check()  # a producer that died: say so now, not after the receive timeout
                 if self._error is not None or not self._thread.is_alive():
                     item = _END
                     break
@@ -155,3 +159,34 @@ class Prefetcher:
             except queue.Empty:
                 break
         self._thread.join(timeout=5.0)
+
+
+class SideCopy:
+    """Copies host tensors already in pinned memory to the device on a side stream, and hands them to the step.
+
+    `start` queues the copy and records its event; `hand_over` makes the step's
+    stream wait for that event (on the device: the host does not wait) and
+    marks the tensors as used there, so the caching allocator keeps them until
+    the step's work is done. The pinned source may be dropped once `start` has
+    returned: PyTorch's pinned-memory allocator holds the block until the copy
+    is done.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def start(self, host: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event]:
+        with torch.cuda.stream(self.stream):
+            out = [t.to(self.device, non_blocking=True) for t in host]
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        return out, ev
+
+    def hand_over(self, staged: tuple[list[torch.Tensor], torch.cuda.Event]) -> list[torch.Tensor]:
+        out, ev = staged
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(ev)
+        for t in out:
+            t.record_stream(current)
+        return out

@@ -18,6 +18,7 @@ import platform
 import socket
 import sys
 import tempfile
+import threading
 import time
 
 from core.config import BenchConfig, apply_defaults
@@ -51,10 +52,11 @@ def refuse(cfg: BenchConfig, args: argparse.Namespace) -> None:
         raise ConfigError("--find-capacity searches with the TensorFlow trainer; drop --framework torch for it")
 
 
-def describe_machine(torch_mod) -> dict:
+def describe_machine(torch_mod, bandwidth: bool = False) -> dict:
+    """The machine, for the report; `bandwidth`: also the pinned and pageable copy bandwidth to GPU 0 (2 s)."""
     gpus = [torch_mod.cuda.get_device_name(i) for i in range(torch_mod.cuda.device_count())]
     extra = {}
-    if gpus:
+    if gpus and bandwidth:
         from torch_trainer.bandwidth import copy_gbps
 
         # The ceiling of every path that copies batches to the device (about 2 s to measure).
@@ -107,7 +109,21 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple
     import torch
 
     gpus = torch.cuda.device_count()
-    notes = apply_defaults(cfg, gpus)
+    layout = channels_last_default(cfg, gpus)
+    notes = apply_defaults(cfg, gpus) + ([layout] if layout else [])
+    if gpus and cfg.num_gpus > gpus:
+        check_machine(cfg, gpus)  # refuses: more ranks than GPUs
+    if sweep is None:
+        check_memory(cfg, gpus)
+    else:  # every grid point, before the first starts
+        import copy
+
+        from profiler.sweep import points
+
+        for point in points(*sweep):
+            point = copy.deepcopy(point)
+            apply_defaults(point, gpus)
+            check_memory(point, gpus)
     check_machine(cfg, gpus)
     if sweep is not None:
         return _sweep(*sweep, gpus, nodes, args.out or "results")
@@ -149,6 +165,59 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple
     return 0
 
 
+def channels_last_default(cfg: BenchConfig, gpus: int) -> str | None:
+    """On CUDA with --use-fp16, NHWC (channels-last) unless asked otherwise; a note saying which and why."""
+    if not gpus:
+        return None
+    if cfg.use_fp16 and cfg.data_format is None:
+        cfg.data_format = "NHWC"
+        return (
+            "--data-format NHWC: channels-last, as PyTorch recommends for float16 on CUDA "
+            "(tensor-core convolutions read NHWC; NCHW adds transposes); --data-format NCHW to compare"
+        )
+    if cfg.use_fp16 and cfg.data_format == "NCHW":
+        return "--data-format NCHW as asked: PyTorch recommends channels-last (NHWC) for float16 on CUDA"
+    if cfg.data_format is None:
+        return (
+            "--data-format NCHW: float32 on CUDA, where channels-last gains little; with --use-fp16 the default is NHWC"
+        )
+    return None
+
+
+def check_memory(cfg: BenchConfig, gpus: int) -> None:
+    """Refuse, with the figure, a run whose ranks cannot fit in this machine's memory or its GPUs' (ConfigError)."""
+    import psutil
+
+    from core import registry
+    from runner import memory
+
+    fed = not cfg.endpoint and any(registry.get("torch", p).needs_producers for p in cfg.paths)
+    est = memory.estimate(
+        cfg.batch, cfg.image_size, cfg.num_gpus, gpus,
+        stand_in=cfg.input_only or cfg.model == "emulated", half=cfg.use_fp16,
+        producers=cfg.producers if fed else 0, producer_workers=cfg.producer_workers, hwm=cfg.hwm,
+    )  # fmt: skip
+    device = None
+    if gpus:
+        import torch
+
+        # The smallest GPU's total memory: asking for its free memory would open a CUDA context here.
+        device = min(torch.cuda.get_device_properties(i).total_memory for i in range(cfg.num_gpus))
+    what = f"--batch {cfg.batch} at --image-size {cfg.image_size}"
+    line = memory.check(est, psutil.virtual_memory().available, device, what, cfg.num_gpus)
+    if line:
+        raise ConfigError(line)
+
+
+def model_words(cfg: BenchConfig, rates: list[float] | None = None) -> str:
+    """What the ranks train: ResNet-50, or an emulated device labelled with its rate and the rate's source."""
+    if cfg.model == "emulated" and cfg.emulation:
+        e = cfg.emulation
+        rate = ", ".join(f"{r:.0f}" for r in rates) if rates else f"{e['images_per_sec']:.0f}"
+        return f"emulated {e['device']} ({rate} img/s per device) [source: {e['source']}]"
+    return f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
+
+
 def _header(cfg: BenchConfig, version: str, gpus: int, nodes) -> str:
     world = cfg.num_gpus * nodes.nnodes
     kind = "GPU" if gpus else "CPU"
@@ -156,8 +225,7 @@ def _header(cfg: BenchConfig, version: str, gpus: int, nodes) -> str:
     compiled = ", torch.compile" if cfg.use_xla_compile else ""
     ddp = f", DDP {'nccl' if gpus else 'gloo'}" if world > 1 and not cfg.input_only else ""
     return (
-        f"feedbench (PyTorch {version}): ResNet-50 v{cfg.resnet_version}"
-        f"{' (input only)' if cfg.input_only else ''}, {world} {kind} rank(s)"
+        f"feedbench (PyTorch {version}): {model_words(cfg)}, {world} {kind} rank(s)"
         f"{f' on {nodes.nnodes} nodes' if nodes.nnodes > 1 else ''} x batch {cfg.batch}, "
         f"{cfg.image_size}x{cfg.image_size} {cfg.data_format}{half}{compiled}{ddp}, "
         f"{cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps"
@@ -167,18 +235,29 @@ def _header(cfg: BenchConfig, version: str, gpus: int, nodes) -> str:
 def _launch(cfg: BenchConfig, nodes) -> dict | None:
     """One torchrun launch of every path in `cfg`; rank 0's document, or None on other nodes.
 
-    Raises InputError with the failing rank's line (or torchrun's exit code).
+    Raises InputError with the line that explains a failure (a rank's own, or how a rank died).
+    The run's folder is removed on every exit, Ctrl-C and SIGTERM included.
     """
+    import shutil
+
+    from runner import shutdown
     from torch_trainer.launch import launch
 
     if cfg.max_msg_size is None:
         cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
-    with tempfile.TemporaryDirectory(prefix="feedbench-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="feedbench-")
+
+    def remove() -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    shutdown.register(remove)  # registered first, so it runs after the launcher is stopped
+    try:
         rc, doc, errors = launch(cfg.num_gpus, nodes, cfg.to_dict(), tmp)
-    if errors:
-        raise InputError(errors[0])
+    finally:
+        shutdown.unregister(remove)
+        remove()
     if rc != 0:
-        raise InputError(f"torchrun exited with code {rc} (see the ranks' output above)")
+        raise InputError(errors[0])
     if nodes.node_rank != 0:
         print(f"node {nodes.node_rank}: done; node 0 writes the report")
         return None
@@ -222,7 +301,8 @@ def _sweep(base: BenchConfig, grid: dict, gpus: int, nodes, out: str) -> int:
     runs = []
     started = time.time()
     for i, cfg in enumerate(configs, 1):
-        notes = apply_defaults(cfg, gpus)
+        layout = channels_last_default(cfg, gpus)
+        notes = apply_defaults(cfg, gpus) + ([layout] if layout else [])
         if i == 1:
             for note in notes:
                 print(f"note: {note}")
@@ -242,7 +322,7 @@ def _sweep(base: BenchConfig, grid: dict, gpus: int, nodes, out: str) -> int:
         "grid": dict(grid),
         "device": {**describe_machine(torch), "nodes": nodes.nnodes},
         "started": started,
-        "title": f"PyTorch, {'input only' if base.input_only else 'ResNet-50'}, {configs[0].image_size}px",
+        "title": f"PyTorch, {model_words(configs[0], grid.get('emulate_rate'))}, {configs[0].image_size}px",
         "rows": rows_of(runs),
         "runs": runs,
     }
@@ -282,10 +362,16 @@ def build(cfg: BenchConfig, device, world: int):
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     if world > 1 and not cfg.input_only:
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # Gradients live in DDP's all-reduce buckets: no copy into and out of them every step.
+        model = DDP(
+            model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )  # fmt: skip
     # The linear scaling rule (0.1 per 256 images), as the TensorFlow trainer: tiny CPU batches would diverge.
     lr = 0.1 * cfg.batch * world / 256
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    # Fused on CUDA: one kernel for the update, and GradScaler hands it the scale and the inf check on the
+    # device (with an unfused optimizer, GradScaler.step reads found_inf with .item(): a sync every step).
+    fused = device.type == "cuda"
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused or None)
     if cfg.use_xla_compile:
         model = torch.compile(model)  # --use-xla-compile: PyTorch's compiler; compiling happens in the warm-up
     amp = None
@@ -308,23 +394,34 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
 
     model, opt, scaler, amp = build(cfg, ctx.device, ctx.world)
     path = registry.get("torch", name)(cfg)
+    where = place(path, ctx)
+    with open(os.path.join(ctx.result_dir, f"at-rank{ctx.rank}.txt"), "w") as f:
+        f.write(where + "\n")  # what this rank was doing, should it die without a word
     timer = RankTimer(cfg.warmup_steps, cfg.steps, cfg.repeats)
     channels_last = cfg.data_format == "NHWC"
     show = ctx.rank == 0 and cfg.telemetry
+    cuda = ctx.device.type == "cuda"
+    # DDP's gradients are views of its buckets: zero them in place, or every step re-creates them as copies.
+    bucket_views = ctx.world > 1 and not cfg.input_only
+    sync_debug = os.environ.get(SYNC_DEBUG_ENV) if cuda else None  # python -m torch_trainer.gpu_check
     try:
         path.open(ctx)
         for step in range(timer.needed):
             if step == cfg.warmup_steps:
                 getattr(path, "measure_start", lambda: None)()
+                if sync_debug:  # after the warm-up: cuDNN's autotuning and DDP's first steps may synchronize
+                    torch.cuda.set_sync_debug_mode(sync_debug)
             t0 = time.perf_counter()
+            before = timer.mark(cuda)  # on the step's stream: done when the previous step's work is
             images, labels = path.next()
+            after = timer.mark(cuda)  # done when the batch is there too: the device waited in between
             t1 = time.perf_counter()
             x = normalize(images, channels_last)
             with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 out = model(x)
             stand_in = cfg.input_only or cfg.model == "emulated"  # no classifier: a scalar to train
             loss = out.float().mean() if stand_in else F.cross_entropy(out.float(), labels)
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=not bucket_views)
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.step(opt)
@@ -334,9 +431,11 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
                 opt.step()
             timer.losses.append(loss.detach())
             if timer.window_end(step):
-                synchronize(ctx.device)  # a timed window ends when the device has done its work
+                with allowed_sync(sync_debug):
+                    synchronize(ctx.device)  # a timed window ends when the device has done its work
             timer.starts.append(t0)
-            timer.waits.append(t1 - t0)
+            timer.waits.append(t1 - t0)  # the host's wait; on a GPU replaced by the device's at the window's end
+            timer.device_marks.append((before, after))
             timer.ends.append(time.perf_counter())
             if timer.window_end(step):
                 timer.close_window(step)
@@ -346,25 +445,64 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
                         f"  window {len(timer.window_walls)}/{cfg.repeats}: {rate:.1f} images/s on rank 0", flush=True
                     )
             path.check()
+        if sync_debug:
+            torch.cuda.set_sync_debug_mode(0)
         getattr(path, "measure_end", lambda: None)()
         synchronize(ctx.device)
         figures = timer.figures()
         figures["stages"] = path.stage_figures()
         figures.update(path.accounting())
+        figures["decoded_on"] = getattr(path, "decoded_on", None)  # where DALI decoded, for the dali paths
         figures["batches_trained"] = timer.needed
-    except FeedbenchError:
-        raise
-    except Exception as e:  # a producer that died, a receive that timed out: one line naming the path
-        from runner.producer_group import ProducerDied
-
-        if isinstance(e, (ProducerDied, TimeoutError, RuntimeError)):
-            raise InputError(
-                f"{name}: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}"
-            ) from e
-        raise
+    except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
+        # A producer that died, a receive that timed out, a batch of the wrong shape: one line
+        # naming the path and its endpoint (ValueError: the wire's and the receiver's batch errors).
+        raise InputError(f"{where}: {detail(e, name)}") from e
     finally:
+        if sync_debug:
+            torch.cuda.set_sync_debug_mode(0)  # closing a path may synchronize, deliberately
         path.close()
     return figures
+
+
+SYNC_DEBUG_ENV = "FEEDBENCH_CUDA_SYNC_DEBUG"  # "warn" or "error": torch.cuda.set_sync_debug_mode in the timed steps
+
+
+def allowed_sync(mode: str | None):
+    """A deliberate host-device synchronization (a window's end) while sync debugging is on."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def allowed():
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+
+    return allowed() if mode else contextlib.nullcontext()
+
+
+def place(path, ctx) -> str:
+    """`<path>: <endpoint(s)>`, or the path's name where it reads no endpoint: how its errors start."""
+    endpoints = path.endpoints(ctx)
+    return f"{path.name}: {', '.join(endpoints)}" if endpoints else path.name
+
+
+def detail(e: BaseException, name: str) -> str:
+    """An exception's message as one line, without the path's name or a re-raised traceback's class prefix.
+
+    A DataLoader worker's exception comes back with the worker's traceback in its message; its
+    last line is `module.Class: message`.
+    """
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(e).__name__
+    cls = type(e)
+    for prefix in (f"{cls.__module__}.{cls.__qualname__}: ", f"{cls.__qualname__}: ", f"{name}: "):
+        text = text.removeprefix(prefix)
+    return text
 
 
 def _mean_known(values) -> float | None:
@@ -419,6 +557,8 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict], amp) -> dict:
         result["batches_pulled"] = sum(r.get("batches_pulled", 0) for r in ranks)
         result["batches_pulled_per_rank"] = [r.get("batches_pulled", 0) for r in ranks]
     result["batches_trained"] = sum(r["batches_trained"] for r in ranks)
+    if any(r.get("decoded_on") for r in ranks):  # every result says where DALI decoded
+        result["decoded_on"] = [{"rank": r["rank"], "on": r.get("decoded_on")} for r in ranks]
     if cfg.telemetry:
         result["telemetry"].update(_merge_stages(ranks))
         result["telemetry"]["trainer"] = {
@@ -434,8 +574,12 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict], amp) -> dict:
 def worker(argv: list[str] | None = None) -> int:
     """One rank, as torchrun starts it: train every path of the config, gather, rank 0 writes the result."""
     from runner import shutdown
+    from torch_trainer.launch import follow_launcher
 
-    shutdown.install()  # SIGTERM from torchrun (another rank failed) stops this rank's producers too
+    # SIGTERM from torchrun (another rank failed, the run was stopped) stops this rank's producers too;
+    # quietly: bench_input.py says what happened, in one line.
+    shutdown.install(announce=False)
+    follow_launcher()  # and so does the launcher's death
     p = argparse.ArgumentParser(prog="python -m torch_trainer.run")
     p.add_argument("--config", required=True)
     p.add_argument("--result-dir", required=True)
@@ -459,6 +603,7 @@ def worker(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or cpu_threads(local_world)))
     torch.manual_seed(0)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    links = host_to_device(device, rank, world, dist)  # before training, one device at a time
     results: dict[str, dict] = {}
     rank_dir = os.path.join(a.result_dir, f"r{rank}")
     os.makedirs(rank_dir, exist_ok=True)
@@ -470,7 +615,7 @@ def worker(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(f"- {name} ...", flush=True)
             t0 = time.perf_counter()
-            ctx = RankContext(rank, world, local_rank, device, rank_dir)
+            ctx = RankContext(rank, world, local_rank, device, rank_dir, a.result_dir)
             figures = train_path(cfg, name, ctx)
             figures.update(rank=rank, host=host, device=dev_name)
             gathered: list = [None] * world
@@ -483,14 +628,18 @@ def worker(argv: list[str] | None = None) -> int:
         if rank == 0:
             from core.atomic import atomic_write
 
-            doc = {"device": describe_machine(torch), "paths": results}
+            doc = {"device": {**describe_machine(torch), **({"h2d_pinned_gbps": links} if links else {})},
+                   "paths": results}  # fmt: skip
             atomic_write(os.path.join(a.result_dir, "result.json"), json.dumps(doc))
-    except FeedbenchError as e:
-        _error(a.result_dir, rank, str(e))
-        code = e.exit_code
     except Exception as e:  # a producer that died, a receive timeout, an import that failed
-        _error(a.result_dir, rank, f"rank {rank}: {type(e).__name__}: {e}")
-        code = 1
+        if shutdown.stopping():  # being stopped: the watcher exits once the producers are gone
+            threading.Event().wait()
+        if isinstance(e, FeedbenchError):
+            _error(a.result_dir, rank, str(e), e.exit_code)
+            code = e.exit_code
+        else:
+            _error(a.result_dir, rank, f"rank {rank}: {type(e).__name__}: {e}", 1)
+            code = 1
     finally:
         shutdown.run_cleanups()
         if code == 0:
@@ -498,6 +647,34 @@ def worker(argv: list[str] | None = None) -> int:
     if code:
         os._exit(code)  # without waiting for the other ranks: torchrun stops them
     return 0
+
+
+def host_to_device(device, rank: int, world: int, dist) -> list[dict] | None:
+    """Pinned host -> device copy bandwidth of every rank's device, measured in turn; None without GPUs.
+
+    In turn, so each figure is the device's own link, not its share of a
+    contended one. Rank 0 prints them; the result keeps them (`device.h2d_pinned_gbps`).
+    """
+    if device.type != "cuda":
+        return None
+    import torch
+
+    from torch_trainer.bandwidth import copy_gbps
+
+    mine = None
+    for r in range(world):
+        dist.barrier()
+        if r == rank:
+            mine = copy_gbps(64_000_000, True, repeats=5, device=device)
+    row = {"rank": rank, "host": socket.gethostname(), "device": torch.cuda.get_device_name(device), "gbps": mine}
+    rows: list = [None] * world
+    dist.all_gather_object(rows, row)
+    if rank == 0:
+        for r in rows:
+            print(
+                f"  rank {r['rank']} ({r['host']}, {r['device']}): pinned host->device {r['gbps']:.1f} GB/s", flush=True
+            )
+    return rows
 
 
 def build_amp(cfg: BenchConfig, device):
@@ -508,10 +685,12 @@ def build_amp(cfg: BenchConfig, device):
     return torch.float16 if device.type == "cuda" else torch.bfloat16
 
 
-def _error(result_dir: str, rank: int, message: str) -> None:
+def _error(result_dir: str, rank: int, message: str, code: int) -> None:
+    """This rank's one line and exit code, for bench_input.py (torch_trainer.launch.failure_lines)."""
     line = message.strip().splitlines()[0] if message.strip() else "failed"
-    with open(os.path.join(result_dir, f"error-rank{rank}.txt"), "w") as f:
-        f.write(line + "\n")
+    from core.atomic import atomic_write
+
+    atomic_write(os.path.join(result_dir, f"error-rank{rank}.json"), json.dumps({"line": line, "code": code}))
 
 
 if __name__ == "__main__":

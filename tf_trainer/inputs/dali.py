@@ -86,7 +86,7 @@ class InProcessDali(TFInputPath):
                 c.batch,
                 c.image_size,
                 device=self.decode_device,
-                num_threads=max(1, c.dali_threads),
+                num_threads=max(1, c.dali_threads or 1),
                 shard_id=tower,
                 num_shards=c.num_gpus,
                 device_id=tower,

@@ -26,6 +26,7 @@ class RankContext:
     local_rank: int
     device: torch.device
     tmpdir: str
+    result_dir: str | None = None  # the run's folder (the rank's `tmpdir` is inside it)
 
     def endpoint(self, cfg: Any, path: str, part: int | None = None) -> str:
         """This rank's endpoint (and a part of it, for one per loader worker).
@@ -51,6 +52,10 @@ class TorchInputPath(InputPath):
         """Start what the path needs on this rank (producers, sockets, loader workers)."""
         self.ctx = ctx
 
+    def endpoints(self, ctx: RankContext) -> list[str]:
+        """The endpoints this path reads on rank `ctx.rank` (none: it reads no socket); errors name them."""
+        return []
+
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
@@ -63,6 +68,23 @@ class TorchInputPath(InputPath):
 
     def check(self) -> None:
         """Between steps: raise if a producer the path depends on has died."""
+
+
+def expected_batch(cfg: Any):
+    """What every batch from a producer must be: uint8 [batch, size, size, 3] images and int32 [batch] labels."""
+    from consumers.expect import BatchSpec
+
+    return BatchSpec.images(cfg.batch, cfg.image_size)
+
+
+def check_batch(expected, arrays, producer_id: int | None) -> None:
+    """Raise BatchMismatch naming the producer and both layouts when `arrays` are not what the run expects."""
+    from consumers.expect import BatchMismatch
+
+    wrong = expected.mismatch(arrays)
+    if wrong:
+        who = f" from producer {producer_id}" if producer_id is not None else ""
+        raise BatchMismatch(f"batch{who} {wrong}")
 
 
 def labels_of(t: torch.Tensor) -> torch.Tensor:
@@ -103,10 +125,11 @@ def cpu_threads(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_world))
 
 
-def start_producers(cfg: Any, endpoints: list[str], ids: list[int], folder: str):
+def start_producers(cfg: Any, endpoints: list[str], ids: list[int], folder: str, device_id: int | None = None):
     """Start this rank's producers, producer k pushing to endpoints[k % len(endpoints)]; None with --endpoint.
 
     The run binds, producers connect: the same producer processes and flags as the TensorFlow trainer.
+    `device_id`: the rank's GPU, where dali producers decode with --dali-device gpu.
     """
     if cfg.endpoint:
         print(f"  waiting for external producers to connect to {', '.join(endpoints)}", flush=True)
@@ -114,7 +137,10 @@ def start_producers(cfg: Any, endpoints: list[str], ids: list[int], folder: str)
     from runner.producer_group import ProducerGroup, run_producer_command
 
     stats = [os.path.join(folder, f"producer-{pid}.json") for pid in ids]  # each producer's own figures
-    cmds = [run_producer_command(cfg, endpoints[k % len(endpoints)], pid, stats[k]) for k, pid in enumerate(ids)]
+    cmds = [
+        run_producer_command(cfg, endpoints[k % len(endpoints)], pid, stats[k], device_id=device_id)
+        for k, pid in enumerate(ids)
+    ]
     return ProducerGroup(cmds, ", ".join(endpoints), stats).start()
 
 
@@ -123,11 +149,16 @@ class ProducerFed(TorchInputPath):
 
     needs_producers: ClassVar[bool] = True
     group = None
+    decoded_on: str | None = None  # where the dali producers decode (None: not dali producers)
 
     def start(self, endpoints: list[str]) -> None:
         self._reported: set[int] = set()
         self.producer_ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
-        self.group = start_producers(self.cfg, endpoints, self.producer_ids, self.ctx.tmpdir)
+        gpu = self.ctx.device.index if self.ctx.device.type == "cuda" else None
+        gpu = self.ctx.local_rank if gpu is None and self.ctx.device.type == "cuda" else gpu
+        self.group = start_producers(self.cfg, endpoints, self.producer_ids, self.ctx.tmpdir, gpu)
+        if self.group is not None and self.cfg.producer_kind == "dali":  # the rank's own GPU, or the CPU
+            self.decoded_on = f"gpu {gpu} (dali producers)" if self.cfg.dali_device == "gpu" else "cpu (dali producers)"
 
     def producer_stats(self) -> dict | None:
         """The producers' own figures (their --stats-file), where the consumer sees no headers."""

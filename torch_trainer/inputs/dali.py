@@ -2,8 +2,11 @@
 
 The same pipeline the `dali` producer runs (producers/dali_source.py:
 read -> decode -> random-resized crop -> flip), each rank reading its own
-shard of the files. On a GPU the decoder runs "mixed" and batches come out on
-the rank's device; without one, DALI runs in CPU-only mode.
+shard of the files. `--dali-device gpu` (the default on a GPU machine)
+decodes "mixed" on the rank's own GPU (`device_id` = its local rank), and the
+batch comes out on that device, ordered on the step's stream; `cpu` runs
+DALI in CPU-only mode, and the batch is pinned and copied to the device on a
+side stream like the other paths. The result says where decoding ran.
 """
 
 from __future__ import annotations
@@ -43,21 +46,29 @@ class Dali(TorchInputPath):
 
         from producers.dali_source import build_pipeline
         from producers.decode import list_images
+        from torch_trainer.prefetch import SideCopy
 
         cfg = self.cfg
         files, labels, _ = list_images(cfg.data, None)
-        gpu = ctx.device.type == "cuda"
+        cuda = ctx.device.type == "cuda"
+        self.decode = cfg.dali_device or ("gpu" if cuda else "cpu")
+        if self.decode == "gpu" and not cuda:
+            raise ConfigError("--dali-device gpu: this rank has no GPU; DALI decodes on the CPU (--dali-device cpu)")
+        gpu_id = ctx.device.index if ctx.device.index is not None else ctx.local_rank
+        self.decoded_on = f"gpu {gpu_id}" if self.decode == "gpu" else "cpu"
+        self.copier = SideCopy(ctx.device) if cuda and self.decode == "cpu" else None
+        self._ready = None
         pipe = build_pipeline(
             cfg.data,
             files,
             labels,
             cfg.batch,
             cfg.image_size,
-            device="gpu" if gpu else "cpu",
-            num_threads=cfg.dali_threads,
+            device=self.decode,
+            num_threads=max(1, cfg.dali_threads or 1),
             shard_id=ctx.rank,
             num_shards=ctx.world,
-            device_id=(ctx.device.index or 0) if gpu else 0,
+            device_id=gpu_id if self.decode == "gpu" else 0,
         )
         self.iterator = DALIGenericIterator(
             [pipe], ["images", "labels"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
@@ -65,16 +76,29 @@ class Dali(TorchInputPath):
         self._it = iter(self.iterator)
         self.batches = 0
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             out = next(self._it)
         except StopIteration:  # end of the shard: auto_reset starts the next epoch
             self._it = iter(self.iterator)
             out = next(self._it)
         self.batches += 1
-        d = out[0]
+        return out[0]["images"], out[0]["labels"]
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.ctx.device
-        return d["images"].to(dev, non_blocking=True), labels_of(d["labels"]).to(dev, non_blocking=True)
+        if self.copier is not None:  # decoded on the CPU for a GPU: pinned, then a side-stream copy
+            if self._ready is None:
+                self._ready = self.copier.start([t.pin_memory() for t in self._run()])
+            images, labels = self.copier.hand_over(self._ready)
+            self._ready = self.copier.start([t.pin_memory() for t in self._run()])
+            return images, labels_of(labels)
+        images, labels = self._run()  # on the GPU (mixed) already, or all on the CPU
+        # Labels stay on the host in a mixed pipeline: 4 bytes an image, widened on the device.
+        return images, labels_of(labels.to(dev, non_blocking=True))
+
+    def stage_figures(self) -> dict[str, dict]:
+        return {"decoder": {"kind": "DALI", "device": self.decoded_on, "threads": max(1, self.cfg.dali_threads or 1)}}
 
     def accounting(self) -> dict:
         return {"batches_pulled": self.batches}

@@ -1,5 +1,6 @@
 """`python-dataset`: torch.utils.data.DataLoader over an IterableDataset whose worker processes pull
-from the producers, with `pin_memory`; the step copies each batch to the device asynchronously.
+from the producers, with `pin_memory`; each batch is copied to the device on a side stream, the next
+batch's copy overlapping the current step, and its labels widened to int64 on the device.
 
 Each loader worker binds an endpoint of its own and is fed by its share of
 the rank's producers (one worker per producer). Batches carry their producer
@@ -19,8 +20,15 @@ from consumers.accounting import SeqTracker
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
-from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of, rank_producer_ids
-from torch_trainer.prefetch import as_tensor
+from torch_trainer.inputs.base import (
+    ProducerFed,
+    RankContext,
+    check_batch,
+    expected_batch,
+    labels_of,
+    rank_producer_ids,
+)
+from torch_trainer.prefetch import SideCopy, as_tensor
 
 
 class PullDataset(IterableDataset):
@@ -33,6 +41,7 @@ class PullDataset(IterableDataset):
         self.max_msg_size = cfg.max_msg_size
         self.allow_remote = cfg.allow_remote
         self.curve_keys = cfg.curve_keys
+        self.expected = expected_batch(cfg)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
@@ -42,8 +51,9 @@ class PullDataset(IterableDataset):
         ) as consumer:
             while True:
                 batch = consumer.recv()
-                images, labels = batch.arrays[:2]
                 h = batch.header
+                check_batch(self.expected, batch.arrays, h.producer_id if h is not None else None)
+                images, labels = batch.arrays
                 ident = torch.tensor([h.producer_id, h.seq] if h is not None else [-1, -1])
                 # Copied once, into the tensor the loader hands to the trainer process (shared memory).
                 yield as_tensor(images).clone(), as_tensor(labels).clone(), ident
@@ -65,13 +75,19 @@ class PythonDataset(ProducerFed):
 
     loader_iter = None
 
+    def endpoints(self, ctx: RankContext) -> list[str]:
+        workers = len(rank_producer_ids(self.cfg.producers, ctx.rank, ctx.world))
+        return [ctx.endpoint(self.cfg, self.name, w) for w in range(workers)]
+
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)
         cfg = self.cfg
-        workers = len(rank_producer_ids(cfg.producers, ctx.rank, ctx.world))
-        endpoints = [ctx.endpoint(cfg, self.name, w) for w in range(workers)]
+        endpoints = self.endpoints(ctx)
+        workers = len(endpoints)
         self.tracker = SeqTracker()
         self.trained = 0
+        self.copier = SideCopy(ctx.device) if ctx.device.type == "cuda" else None
+        self._ready = None
         self.loader = DataLoader(
             PullDataset(endpoints, cfg),
             batch_size=None,
@@ -83,18 +99,42 @@ class PythonDataset(ProducerFed):
         )
         self.loader_iter = iter(self.loader)  # the workers start and bind their endpoints
         self.start(endpoints)
+        if self.group is not None:
+            # A producer that died leaves its worker waiting for the receive timeout: stop the workers, so
+            # the step's wait ends now and check() names the producer.
+            self.group.on_failure(self._stop_workers)
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stop_workers(self) -> None:
+        for w in getattr(self.loader_iter, "_workers", []):
+            if w.is_alive():
+                w.terminate()
+
+    def _pull(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loader's next batch, in pinned host memory on a GPU machine; counted by producer."""
         try:
             images, labels, ident = next(self.loader_iter)
+        except RuntimeError:  # the workers were stopped because a producer died: name it
+            self.check()
+            raise
         except ReceiveTimeout as e:
-            raise InputError(f"{self.name}: {str(e).strip().splitlines()[-1]}") from None
+            raise InputError(
+                str(e).strip().splitlines()[-1].removeprefix("consumers.zmq_pull.ReceiveTimeout: ")
+            ) from None
         pid, seq = (int(x) for x in ident)
         if pid >= 0:
             self.tracker.add(pid, seq)
         self.trained += 1
-        dev = self.ctx.device
-        return images.to(dev, non_blocking=True), labels_of(labels).to(dev, non_blocking=True)
+        return images, labels
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.copier is None:  # CPU: the loader's tensors are the step's input
+            images, labels = self._pull()
+            return images, labels_of(labels)
+        if self._ready is None:
+            self._ready = self.copier.start(self._pull())
+        images, labels = self.copier.hand_over(self._ready)
+        self._ready = self.copier.start(self._pull())  # the next batch's copy overlaps this step
+        return images, labels_of(labels)  # int32 -> int64 on the device, after the copy
 
     def accounting(self) -> dict:
         # What reached the trainer; batches still in the workers' prefetch are not counted.

@@ -17,28 +17,38 @@ import torch
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
-from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of, producers_summary
+from torch_trainer.inputs.base import (
+    ProducerFed,
+    RankContext,
+    check_batch,
+    expected_batch,
+    labels_of,
+    producers_summary,
+)
 from torch_trainer.prefetch import Prefetcher
 
 POLL_S = 0.2  # the thread checks for a stop this often while no batch arrives
 
 
-def pull(consumer: PullConsumer, timeout: float, stopped) -> Iterator[list[np.ndarray]]:
-    """Batches from `consumer`, polling in short slices so a stop is seen; ReceiveTimeout after `timeout` s."""
+def pull(consumer: PullConsumer, timeout: float, stopped, expected=None) -> Iterator[list[np.ndarray]]:
+    """Batches from `consumer`, polling in short slices so a stop is seen; ReceiveTimeout after `timeout` s.
+
+    With `expected` (a BatchSpec), a batch of another layout raises BatchMismatch.
+    """
     waited = 0.0
     while not stopped():
         try:
-            arrays = consumer.recv().arrays
+            batch = consumer.recv()
         except ReceiveTimeout:
             waited += POLL_S
             if waited >= timeout:
                 refused = consumer.refusals()
-                raise ReceiveTimeout(
-                    f"no batch from {consumer.endpoint} within {timeout:g} s" + (f"; {refused}" if refused else "")
-                ) from None
+                raise ReceiveTimeout(f"no batch within {timeout:g} s" + (f"; {refused}" if refused else "")) from None
             continue
         waited = 0.0
-        yield arrays
+        if expected is not None:
+            check_batch(expected, batch.arrays, batch.header.producer_id if batch.header is not None else None)
+        yield batch.arrays
 
 
 @register
@@ -52,6 +62,9 @@ class PythonQueue(ProducerFed):
     consumer: PullConsumer | None = None
     feeder: Prefetcher | None = None
 
+    def endpoints(self, ctx: RankContext) -> list[str]:
+        return [ctx.endpoint(self.cfg, self.name)]
+
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)
         cfg = self.cfg
@@ -60,19 +73,22 @@ class PythonQueue(ProducerFed):
             endpoint, True, cfg.hwm, POLL_S, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys
         )  # fmt: skip
         self.start([endpoint])
-        consumer = self.consumer
+        consumer, expected = self.consumer, expected_batch(cfg)
         self.feeder = Prefetcher(
-            lambda: pull(consumer, cfg.recv_timeout, lambda: self.feeder is not None and self.feeder.stopped()),
+            lambda: pull(
+                consumer, cfg.recv_timeout, lambda: self.feeder is not None and self.feeder.stopped(), expected
+            ),
             ctx.device,
             depth=self.depth,
             name="python-queue",
+            check=self.check,
         )
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             images, labels = self.feeder.next()
         except ReceiveTimeout as e:
-            raise InputError(f"{self.name}: {e}") from None
+            raise InputError(str(e)) from None
         return images, labels_of(labels)
 
     def measure_start(self) -> None:

@@ -72,7 +72,7 @@ class Spdl(TorchInputPath):
         def collate(items: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
             return [np.stack([im for im, _ in items]), np.array([lb for _, lb in items], np.int32)]
 
-        threads = max(1, cfg.dali_threads)
+        threads = max(1, cfg.dali_threads or 1)
         self.pipeline = (
             PipelineBuilder()
             .add_source(indices())
@@ -93,7 +93,7 @@ class Spdl(TorchInputPath):
         return images, labels_of(labels)
 
     def stage_figures(self) -> dict[str, dict]:
-        return {"decoder": {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.dali_threads)}}
+        return {"decoder": {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.dali_threads or 1)}}
 
     def accounting(self) -> dict:
         return {"batches_pulled": self.feeder.batches}

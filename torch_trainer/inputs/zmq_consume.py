@@ -19,6 +19,7 @@ from core.errors import ConfigError, InputError
 from core.registry import register
 from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of
 
+POLL_S = 0.2  # the step checks the producers this often while it waits for a batch
 SLOTS = 4  # pinned buffers in the ring: one the step uses, one being copied, the rest filled ahead
 
 
@@ -46,6 +47,9 @@ class ZmqConsume(ProducerFed):
             rx.library()  # built here, once, if missing or stale: before the ranks start
         except Exception as e:
             raise ConfigError(f"--fake-location zmq-consume: the native receiver does not build: {e}") from None
+
+    def endpoints(self, ctx: RankContext) -> list[str]:
+        return [ctx.endpoint(self.cfg, self.name)]
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)
@@ -78,10 +82,18 @@ class ZmqConsume(ProducerFed):
         self.start([endpoint])
 
     def _take(self) -> int:
-        try:
-            return self.receiver.next()
-        except self._timeout as e:
-            raise InputError(f"{self.name}: {e}") from None
+        """The next filled slot, waiting in short slices so a producer that died is reported at once."""
+        waited, timeout = 0.0, self.cfg.recv_timeout
+        while True:
+            wait = min(POLL_S, max(0.001, timeout - waited))
+            try:
+                return self.receiver.next(timeout_ms=max(1, int(wait * 1000)))
+            except self._timeout as e:
+                waited += wait
+                self.check()
+                if waited >= timeout:
+                    more = str(e).partition(";")[2].strip()  # e.g. peers refused by CURVE authentication
+                    raise InputError(f"no batch within {timeout:g} s" + (f"; {more}" if more else "")) from None
 
     def _fetch(self):
         """Take the next filled slot and start its copy to the device on the side stream."""
