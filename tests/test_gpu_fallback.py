@@ -112,3 +112,22 @@ def test_soft_placement_moves_are_named(capsys):
     assert "soft placement moves 2 op(s) from their GPU to the host (no GPU kernel): labels (VariableV2" in (
         capsys.readouterr().out
     )
+
+
+def test_a_gpu_machine_whose_torch_sees_no_gpu_stops_with_one_line_naming_the_cause(procs, gpu_machine):
+    """The PyTorch trainer asks the same question of torch before it starts any rank."""
+    import torch
+
+    env = gpu_machine("470.82.01")
+    p = procs.start("bench_input.py", "--framework", "torch", "--fake-location", "gpu", "--steps", "1", env=env)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 2, (out, err)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1, err
+    cause = (
+        f"NVIDIA driver 470.82.1 is too old for torch's CUDA {torch.version.cuda} build"
+        if torch.version.cuda
+        else "torch here is a CPU-only build"
+    )
+    assert errors[0].startswith("error: this machine has 2 NVIDIA GPU(s) but torch sees none: " + cause), errors[0]
+    assert "images/s" not in out

@@ -23,7 +23,11 @@ import time
 
 from core.config import BenchConfig, apply_defaults
 from core.errors import ConfigError, FeedbenchError, InputError
+from core.gpus import unseen_gpus
 from core.registry import BASELINE
+
+# How to get a torch that sees the GPUs: PyPI's Linux wheels are CUDA builds (scripts/setup_env.sh).
+TORCH_FIX = "install the CUDA build (pip install torch==2.14.1 from PyPI, or run `make install` again)"
 
 HALF_CUDA, HALF_CPU = "float16", "bfloat16"  # --use-fp16: autocast's half type on each kind of device
 
@@ -109,6 +113,9 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple
     import torch
 
     gpus = torch.cuda.device_count()
+    problem = unseen_gpus("torch", gpus, torch.version.cuda, TORCH_FIX)
+    if problem:  # never a silent run on the host of a GPU machine
+        raise ConfigError(problem)
     layout = channels_last_default(cfg, gpus)
     notes = apply_defaults(cfg, gpus) + ([layout] if layout else [])
     if gpus and cfg.num_gpus > gpus:
