@@ -117,7 +117,8 @@ def test_a_killed_producer_ends_the_run_with_one_line_naming_the_path_and_endpoi
     line = _one_error_line(err)
     assert line.startswith(f"error: {path}: ipc://") and f"/{path}" in line and ": producer " in line, line
     assert "killed by SIGKILL" in line, line
-    assert not psutil.wait_procs(everything, timeout=30)[1]
+    left = psutil.wait_procs(everything, timeout=30)[1]
+    assert not left, [cmdline(p) for p in left]
     assert not run_folders(tmp)
 
 

@@ -113,7 +113,7 @@ class PythonDataset(ProducerFed):
         """The loader's next batch, in pinned host memory on a GPU machine; counted by producer."""
         try:
             images, labels, ident = next(self.loader_iter)
-        except RuntimeError:  # the workers were stopped because a producer died: name it
+        except (RuntimeError, OSError):  # workers stopped because a producer died (mid-read: a reset pipe): name it
             self.check()
             raise
         except ReceiveTimeout as e:
