@@ -32,10 +32,14 @@ from wire.endpoints import EndpointError
 from wire.shm import regions_of
 
 
-def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: Connection) -> None:
-    """Entry point of one worker process."""
+def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: Connection, producer: int) -> None:
+    """Entry point of one worker process; `producer` is the launcher's pid.
+
+    The launcher may die while a worker is still starting (a slow machine takes seconds to import and
+    unpickle), before the worker asks for its death signal: comparing the parent with `producer`, not with
+    whatever os.getppid() says at start, makes such an orphan stop at once instead of running for ever.
+    """
     parent.die_with_parent(signal.SIGTERM)
-    producer = os.getppid()
     stopped = []
     # Ctrl-C reaches the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -111,7 +115,7 @@ def launch(
         for i, n in enumerate(_split(cfg.count, workers)):
             wcfg = replace(cfg, count=n, producer_id=cfg.producer_id + i)
             reader, writer = spawn.Pipe(duplex=False)
-            p = spawn.Process(target=_worker, args=(source, i, wcfg, shared, stop, writer), daemon=True)
+            p = spawn.Process(target=_worker, args=(source, i, wcfg, shared, stop, writer, os.getpid()), daemon=True)
             p.start()
             writer.close()  # the worker holds the only writer: its end of file means it is gone
             procs.append(p)
