@@ -66,7 +66,13 @@ def session_config(num_towers: int, has_gpu: bool):
     """
     t = tf()
     cfg = t.compat.v1.ConfigProto(allow_soft_placement=True)
-    cfg.inter_op_parallelism_threads = max(8, 4 * num_towers)
+    threads = max(8, 4 * num_towers)
+    cfg.inter_op_parallelism_threads = threads
+    # A named pool of its own: TensorFlow's process-wide inter-op pool is sized by whichever session came
+    # first (a default one has as many threads as cores), and then ignores this session's setting.
+    pool = cfg.session_inter_op_thread_pool.add()
+    pool.num_threads = threads
+    pool.global_name = f"feedbench-inter-op-{threads}"
     if not has_gpu:
         cfg.device_count["CPU"] = max(1, num_towers)
     else:
