@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+import subprocess
+import time
 
 
 def _address(hex_addr: str) -> str:
@@ -41,3 +43,16 @@ def only_loopback(addresses: list[str]) -> bool:
         if not ip.is_loopback:
             return False
     return bool(addresses)
+
+
+def wait_listening(p: subprocess.Popen, port: int, timeout: float = 180) -> list[str]:
+    """The addresses listening on `port` once something does; fails if `p` exits first or nothing comes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = listening(port)
+        if found:
+            return found
+        if p.poll() is not None:
+            raise AssertionError(f"exited with {p.returncode} before listening on {port}: {p.stderr.read()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port} after {timeout} s")

@@ -13,11 +13,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
-from listening import listening, only_loopback
+from listening import only_loopback, wait_listening
 
 from tests.conftest import ROOT
 
@@ -33,18 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_listening(p: subprocess.Popen, port: int, timeout: float = 180) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = listening(port)
-        if found:
-            return found
-        if p.poll() is not None:
-            raise AssertionError(f"exited with {p.returncode} before listening on {port}: {p.stderr.read()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"nothing listens on {port} after {timeout} s")
 
 
 def one_error(err: str) -> str:

@@ -10,10 +10,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from listening import listening
+from listening import wait_listening
 
 from wire import curve
 from wire.endpoints import free_tcp_port
@@ -81,23 +80,11 @@ def test_python_dataset_names_the_refused_handshake(procs, tmp_path):
     assert producer.wait(30) == 0
 
 
-def _wait_listening(p: subprocess.Popen, port: int, timeout: float = 60) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = listening(port)
-        if found:
-            return found
-        if p.poll() is not None:
-            raise AssertionError(f"the producer exited with {p.returncode}: {p.stderr.read()[-2000:]}")
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listens on {port} after {timeout} s")
-
-
 def test_a_bound_producer_with_keys_may_listen_on_every_interface(procs, tmp_path):
     keys = make_keys(tmp_path / "keys")
     port = free_tcp_port()
     p = procs.producer(f"tcp://0.0.0.0:{port}", "--bind", "--batch", "2", "--image-size", "8", "--curve-keys", keys)
-    assert "0.0.0.0" in _wait_listening(p, port)
+    assert "0.0.0.0" in wait_listening(p, port)
     p.send_signal(signal.SIGTERM)
     assert p.wait(30) == 0, p.stderr.read()[-2000:]
 
