@@ -141,6 +141,7 @@ def parse_args(argv: list[str], paths: dict):
         "--allow-remote", action="store_true", help="allow --endpoint on a non-loopback address (unauthenticated)"
     )
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
+    _add_loader_flags(p)
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     g = p.add_argument_group("several machines (--framework torch, on torchrun)")
     g.add_argument("--nnodes", type=positive_int, default=1, help="machines in the run, each running --num-gpus ranks")
@@ -183,6 +184,29 @@ def parse_args(argv: list[str], paths: dict):
     return p.parse_args(argv)
 
 
+def _add_loader_flags(p: argparse.ArgumentParser) -> None:
+    """Your own loader as the run's producers (--loader), or measured alone (--loader-only)."""
+    from core.cli_types import positive_float, positive_int
+    from producers.loader import add_loader_args
+
+    g = p.add_argument_group("your own loader (--loader MODULE:CALLABLE; docs/loader.md)")
+    add_loader_args(g, required=False)
+    g.add_argument(
+        "--loader-only", action="store_true",
+        help="no trainer: the loader's images/s at 1, 2, ... workers up to the machine's cores, scaling, "
+        "the cores --emulate/--num-devices would need, and where a sample's time goes",
+    )  # fmt: skip
+    g.add_argument("--num-devices", type=positive_int, help="--loader-only: devices to feed (with --emulate)")
+    g.add_argument(
+        "--loader-workers", type=positive_int, metavar="N", help="--loader-only: most workers tried (default: cores)"
+    )
+    g.add_argument(
+        "--loader-seconds", type=positive_float, default=5.0, metavar="S",
+        help="--loader-only: measured seconds per worker count (default 5)",
+    )  # fmt: skip
+    g.add_argument("--no-stages", action="store_true", help="--loader-only: skip the per-stage timing")
+
+
 def _variable_update(text: str) -> str:
     if text == "horovod":
         raise argparse.ArgumentTypeError(
@@ -202,6 +226,8 @@ def config_from(args, paths: dict):
     else:
         chosen = [n for n, c in paths.items() if c.in_default_run]
     fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}
+    if args.loader:
+        fields["producer_kind"] = "loader"  # --loader: the run's producers are the user's loader
     if (args.emulate or args.emulate_rate is not None or args.find_capacity) and not args.bench:
         fields["model"] = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
     return BenchConfig(paths=chosen, **fields)
@@ -269,13 +295,20 @@ def _main(argv: list[str]) -> int:
     from runner import cluster_spec
 
     framework = _framework(argv)
-    paths = registry.load(framework)
+    # --loader-only runs no trainer: no framework's paths to load (and no TensorFlow to import).
+    paths = {} if "--loader-only" in argv else registry.load(framework)
     try:
         grid, argv = split_args(argv, list(paths))
     except SweepError as e:
         raise ConfigError(str(e)) from None
     args = parse_args(argv, paths)
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
+    if args.loader_only:
+        if not args.loader:
+            raise ConfigError("--loader-only needs --loader MODULE:CALLABLE")
+        from runner.loader_only import main as loader_only
+
+        return loader_only(args)
     cfg = config_from(args, paths)
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
     if grid is not None:
