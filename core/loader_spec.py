@@ -130,12 +130,14 @@ class LoaderSpec:
             raise LoaderError(f"loader {self.name}: {attr} in {module_text} is not callable")
         return fn
 
-    def build(self, seed: int = 0, worker: int = 0, num_workers: int = 1) -> Any:
+    def build(self, seed: int = 0, worker: int = 0, num_workers: int = 1, offer: dict | None = None) -> Any:
         """Call the loader's callable: its own copy, seeded with this worker's shard of the seed.
 
-        The callable gets `seed`, `worker` and `num_workers` when it takes them
-        (so it can shard its data); Python's, numpy's and torch's global
-        generators are seeded with `seed` either way.
+        The callable gets `seed`, `shard` (this worker's index) and `num_shards`
+        when it takes them (so it can shard its data), and what `offer` holds (the run's
+        `batch_size` and `image_size`) where it takes those and --loader-arg
+        did not set them; Python's, numpy's and torch's global generators are
+        seeded with `seed` either way.
         """
         fn = self.resolve()
         kwargs = self.kwargs
@@ -143,9 +145,11 @@ class LoaderSpec:
             params = inspect.signature(fn).parameters
         except (TypeError, ValueError):
             params = {}
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        for key, value in (("seed", seed), ("worker", worker), ("num_workers", num_workers)):
-            if key not in kwargs and (key in params or takes_any):
+        for key, value in (("seed", seed), ("shard", worker), ("num_shards", num_workers)):
+            if key not in kwargs and key in params:
+                kwargs[key] = value
+        for key, value in (offer or {}).items():
+            if value is not None and key not in kwargs and key in params:
                 kwargs[key] = value
         seed_globals(seed)
         try:
@@ -462,7 +466,7 @@ def batches(
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The loader's batches as checked numpy arrays; `batch` is the size for loaders that yield samples."""
     allow_children()
-    obj = spec.build(seed, worker, num_workers)
+    obj = spec.build(seed, worker, num_workers, {"batch_size": expect_batch, "image_size": expect_size})
     kind = kind_of(obj)
     if kind == "unknown":
         raise LoaderError(

@@ -64,7 +64,21 @@ class InputPath:
             "delivers_words": self.delivers_words,
             "host_cpu_advice": self.host_cpu_advice,
             "needs_producers": self.needs_producers,
+            "feeder": feeder_of(self.cfg) if self.needs_producers else None,
         }
+
+
+def feeder_of(cfg: Any) -> dict | None:
+    """Who makes the batches a producer-fed path receives, for the report and the verdict's advice."""
+    if cfg is None:
+        return None
+    workers = getattr(cfg, "producers", 1) * getattr(cfg, "producer_workers", 1)
+    if getattr(cfg, "endpoint", None):
+        return {"kind": "external", "name": f"the external producer at {cfg.endpoint}", "endpoint": cfg.endpoint}
+    if getattr(cfg, "loader", None):
+        return {"kind": "loader", "name": f"loader {cfg.loader}", "loader": cfg.loader, "workers": workers}
+    kind = getattr(cfg, "producer_kind", "synthetic")
+    return {"kind": kind, "name": f"{kind} producers", "workers": workers}
 
 
 def register(cls: type[InputPath]) -> type[InputPath]:
