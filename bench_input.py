@@ -407,6 +407,7 @@ def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str,
         from runner.capacity import find_capacities
 
         print(f"capacity: each path against {_model_words(cfg)}; probes of a few seconds", flush=True)
+        _feeder_line(cfg)
         started = time.time()
         results, _ = find_capacities(cfg, lambda c, path: run_path(c, path, has_gpu), batch_given)
         return started, results
@@ -416,6 +417,7 @@ def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str,
         f"{cfg.variable_update}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
         flush=True,
     )
+    _feeder_line(cfg)
     if "dali" in cfg.paths or cfg.producer_kind == "dali":
         print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
     results: dict[str, dict] = {}
@@ -426,6 +428,13 @@ def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str,
         r = results[path] = run_path(cfg, path, has_gpu)
         print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
     return started, results
+
+
+def _feeder_line(cfg) -> None:
+    from core.registry import feeder_line
+
+    if cfg.loader and (words := feeder_line(cfg, "tf")):
+        print(words, flush=True)
 
 
 def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> None:

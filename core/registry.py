@@ -108,3 +108,14 @@ def get(framework: str, name: str) -> type[InputPath]:
 
 def names(framework: str, default_run_only: bool = False) -> list[str]:
     return [n for n, c in load(framework).items() if c.in_default_run or not default_run_only]
+
+
+def feeder_line(cfg: Any, framework: str) -> str | None:
+    """The run's line saying who feeds its producer-fed paths (None when no chosen path takes producers)."""
+    paths = load(framework)
+    if not any(paths[n].needs_producers for n in cfg.paths if n in paths):
+        return None
+    f = feeder_of(cfg)
+    if f["kind"] == "external":
+        return f"producers: {f['name']}"
+    return f"producers: {f['name']}, {cfg.producers} process(es) x {cfg.producer_workers} worker(s)"

@@ -22,7 +22,7 @@ import time
 
 from core.config import BenchConfig, apply_defaults
 from core.errors import ConfigError, FeedbenchError, InputError
-from core.registry import BASELINE
+from core.registry import BASELINE, feeder_line
 
 HALF_CUDA, HALF_CPU = "float16", "bfloat16"  # --use-fp16: autocast's half type on each kind of device
 
@@ -115,6 +115,8 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple
         print(f"note: {note}")
     world = cfg.num_gpus * nodes.nnodes
     print(_header(cfg, torch.__version__, gpus, nodes), flush=True)
+    if cfg.loader and (feeder := feeder_line(cfg, "torch")):
+        print(feeder, flush=True)
     started = time.time()
     doc = _launch(cfg, nodes)
     if doc is None:
