@@ -354,3 +354,20 @@ def test_a_float_loader_stops_a_run_with_one_line_naming_it(bad):
     lines = error_lines(err)
     assert len(lines) == 1 and f"loader {bad}:floats" in lines[0] and "float32" in lines[0], err[-2000:]
     assert left_in_session(p.pid) == []
+
+
+# --------------------------------------------------------------------------- inside the trainer
+
+
+def test_a_torch_rank_iterates_the_dataloader_itself(data, tmp_path):
+    """--fake-location loader: each rank iterates its own DataLoader (with a worker process); all stop at the end."""
+    js = tmp_path / "run.json"
+    p = start("bench_input.py", "--framework", "torch", "--fake-location", "loader", "--loader", f"{TV}:make_loader",
+              "--loader-arg", f"data={data}", "--loader-arg", "num_workers=1", "--emulate-rate", "200",
+              "--num-gpus", "1", "--batch", "4", "--image-size", "32", "--warmup-steps", "2", "--steps", "4",
+              "--repeats", "1", "--json", str(js))  # fmt: skip
+    code, text, err = finish(p, 300)
+    assert code == 0, err[-3000:]
+    doc = json.loads(js.read_text())
+    assert doc["paths"]["loader"]["images_per_sec"]["median"] > 0
+    assert left_in_session(p.pid) == []
