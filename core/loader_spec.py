@@ -180,6 +180,32 @@ def allow_children() -> None:
         mp.set_start_method(default, force=True)
 
 
+def _dataloader_worker_init(user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    """A DataLoader worker forked from feedbench takes SIGTERM and SIGINT the default way.
+
+    It would otherwise inherit the handlers (and the blocked mask) of the
+    process that forked it, a producer worker or a trainer, and so ignore the
+    SIGTERM its DataLoader sends it at exit.
+    """
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the DataLoader stops its workers
+    if user_init is not None:
+        user_init(worker_id)
+
+
+def prepare_dataloader(loader: Any) -> Any:
+    """Give a DataLoader's workers default signal handling, keeping the user's worker_init_fn."""
+    import functools
+
+    init = loader.worker_init_fn
+    if not (isinstance(init, functools.partial) and init.func is _dataloader_worker_init):
+        loader.worker_init_fn = functools.partial(_dataloader_worker_init, init)
+    return loader
+
+
 def seed_globals(seed: int) -> None:
     """Seed the generators a loader is likely to draw from (torch only if the loader imported it)."""
     random.seed(seed)
@@ -473,6 +499,8 @@ def batches(
             f"loader {spec.name}: returned {type(obj).__name__}; expected an iterable of (images, labels) batches, "
             "a torch Dataset or DataLoader, a tf.data.Dataset or a tensorpack DataFlow"
         )
+    if kind == "dataloader":
+        prepare_dataloader(obj)
     try:
         items = raw_iterator(obj, kind, expect_batch or batch, seed, spec.name)
     except Exception as e:

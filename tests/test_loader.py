@@ -371,3 +371,17 @@ def test_a_torch_rank_iterates_the_dataloader_itself(data, tmp_path):
     doc = json.loads(js.read_text())
     assert doc["paths"]["loader"]["images_per_sec"]["median"] > 0
     assert left_in_session(p.pid) == []
+
+
+@pytest.mark.parametrize("loader", [TF_DATA, f"{TV}:make_loader"])
+def test_the_tensorflow_trainer_runs_a_loader_in_its_own_process(data, tmp_path, loader):
+    """--fake-location loader: tf.data inside the graph, anything else through from_generator."""
+    js = tmp_path / "run.json"
+    p = start("bench_input.py", "--fake-location", "loader", "--loader", loader, "--loader-arg", f"data={data}",
+              "--emulate-rate", "200", "--num-gpus", "1", "--batch", "4", "--image-size", "32",
+              "--warmup-steps", "2", "--steps", "4", "--repeats", "1", "--json", str(js))  # fmt: skip
+    code, text, err = finish(p, 300)
+    assert code == 0, err[-3000:]
+    assert json.loads(js.read_text())["paths"]["loader"]["images_per_sec"]["median"] > 0
+    assert "interrupted" not in text + err
+    assert left_in_session(p.pid) == []

@@ -12,7 +12,6 @@ users run it, against the same model and report.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, ClassVar
 
 import numpy as np
@@ -27,6 +26,7 @@ from core.loader_spec import (
     batches,
     guarded,
     kind_of,
+    prepare_dataloader,
 )
 from core.registry import register
 from producers.loader import worker_seed
@@ -65,7 +65,7 @@ class UserLoader(TorchInputPath):
             if ctx.device.type == "cuda":
                 obj.pin_memory = True  # read when the iterator is made
             # Its workers are forked from a rank that blocks SIGTERM in its threads: let them be stopped.
-            obj.worker_init_fn = functools.partial(_worker_init, obj.worker_init_fn)
+            prepare_dataloader(obj)
             self.batcher = Batcher(spec.name, cfg.batch, cfg.batch, cfg.image_size)
             self.passes: list = []
             loader = obj
@@ -107,11 +107,3 @@ class UserLoader(TorchInputPath):
             shutdown = getattr(it, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
-
-
-def _worker_init(user_init, worker_id: int) -> None:
-    from runner.shutdown import unblock_in_child
-
-    unblock_in_child()
-    if user_init is not None:
-        user_init(worker_id)
