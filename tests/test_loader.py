@@ -385,3 +385,54 @@ def test_the_tensorflow_trainer_runs_a_loader_in_its_own_process(data, tmp_path,
     assert json.loads(js.read_text())["paths"]["loader"]["images_per_sec"]["median"] > 0
     assert "interrupted" not in text + err
     assert left_in_session(p.pid) == []
+
+
+# --------------------------------------------------------------------------- the verdict's advice fits the case
+
+
+def _verdict_of(cfg, share: float, producers: dict | None, ips: float, base: float, path: str = "zmq-consume"):
+    from core import registry
+    from profiler.attribution import attribute, sentence
+    from profiler.verdict import verdict
+
+    r = {
+        "images_per_sec": {"median": ips},
+        "telemetry": {"input_wait_share": share, "producers": producers},
+        "input": registry.get("tf", path)(cfg).describe(),
+    }
+    return verdict(path, r, base), r, attribute, sentence
+
+
+def test_the_verdict_tells_a_loader_run_its_workers_and_an_external_one_its_rate():
+    from core.config import BenchConfig
+
+    loader = "examples/torchvision_imagefolder.py:make_loader"
+    cfg = BenchConfig(paths=["zmq-consume"], loader=loader, producer_kind="loader", producers=2)
+    prod = {"images_per_sec": 310.0, "send_wait_share": 0.02, "send_latency_ms": 1.0, "count": 2}
+    v, *_ = _verdict_of(cfg, 0.41, prod, 310, 540)
+    assert v["limiting_stage"] == "producer"
+    assert f"loader {loader} limits at 155 img/s per worker" in v["advice"] and "about 4 workers" in v["advice"]
+    assert "--loader-only" in v["advice"] and "zmq-consume" not in v["advice"]
+
+    ext = BenchConfig(paths=["zmq-consume"], endpoint="tcp://127.0.0.1:5555")
+    v, r, attribute, sentence = _verdict_of(ext, 0.41, None, 310, 540)
+    assert "the external producer at tcp://127.0.0.1:5555" in v["advice"] and "540 img/s" in v["advice"]
+    assert "use zmq-consume" not in v["advice"]
+    # Its CPU is another process's, maybe another host's: not reported as 0.0 cores.
+    cores = {"cores": 0.0, "cpu_s": 0.0, "cpu_s_per_step": 0.0}
+    r["telemetry"]["cpu"] = {
+        "input": {"producers": cores, "receive": {**cores, "cores": 0.2}, "total": {**cores, "cores": 0.2}},
+        "threads": {},
+        "producers": [],
+    }
+    a = attribute(r, {"images_per_sec": {"median": 540}})
+    assert a["cpu"]["producer_cores"] is None
+    assert "producers not measured: external" in sentence("zmq-consume", a)
+
+
+def test_a_zmq_consume_run_is_never_told_to_use_zmq_consume():
+    from core.config import BenchConfig
+
+    for path in ("zmq-consume", "python-queue"):
+        v, *_ = _verdict_of(BenchConfig(paths=[path]), 0.41, None, 310, 540, path)
+        assert ("use zmq-consume" in v["advice"]) == (path != "zmq-consume"), v["advice"]
