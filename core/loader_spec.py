@@ -477,6 +477,9 @@ def guarded(
             yield item
     finally:
         done.set()
+        # Let the thread leave the loader's code before the process may exit: a thread killed at
+        # interpreter exit inside native code (TensorFlow's, say) aborts the process.
+        t.join(min(timeout, 10.0))
 
 
 def batches(
@@ -490,7 +493,15 @@ def batches(
     timeout: float = DEFAULT_TIMEOUT,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The loader's batches as checked numpy arrays; `batch` is the size for loaders that yield samples."""
+    """The loader's batches as checked numpy arrays; `batch` is the size for loaders that yield samples.
+
+    A generator: the loader is built at the first `next()`, and when the
+    generator is closed (or collected) the processes the loader started (a
+    DataLoader's workers) are stopped with it.
+    """
+    import multiprocessing as mp
+
+    before = {p.pid for p in mp.active_children()}
     allow_children()
     obj = spec.build(seed, worker, num_workers, {"batch_size": expect_batch, "image_size": expect_size})
     kind = kind_of(obj)
@@ -507,4 +518,31 @@ def batches(
         raise LoaderError(f"loader {spec.name}: starting its {kind} raised {_words(e)}") from None
     batcher = Batcher(spec.name, expect_batch or batch, expect_batch, expect_size)
     unit = "sample" if kind == "dataset" else "batch"
-    return batcher.batches(guarded(items, spec.name, timeout, should_stop, unit))
+    out = batcher.batches(guarded(items, spec.name, timeout, should_stop, unit))
+    try:
+        yield from out
+    finally:
+        out.close()
+        del items, obj
+        stop_children(before)
+
+
+def stop_children(keep: set[int]) -> None:
+    """Stop the multiprocessing children not in `keep` (the ones a loader started), quietly.
+
+    A DataLoader that is not shut down leaves its workers to multiprocessing's
+    exit handler, and its SIGCHLD handler then reports their ends as failures.
+    """
+    import multiprocessing as mp
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    mine = [p for p in mp.active_children() if p.pid not in keep]
+    for p in mine:
+        p.terminate()
+    for p in mine:
+        p.join(2)
+        if p.is_alive():
+            p.kill()
+            p.join()

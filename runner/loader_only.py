@@ -59,6 +59,7 @@ def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Conne
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     base = i * _FIELDS
     first_id = os.getppid()
+    it = None
     try:
         it = batches(
             opts.spec, opts.batch, seed=worker_seed(opts.seed, i), worker=i, num_workers=workers,
@@ -84,7 +85,10 @@ def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Conne
     except Exception as e:
         status.send(("error", f"loader {opts.spec.name}: {type(e).__name__}: {e}"))
     finally:
+        if it is not None:
+            it.close()  # stops the loader's own processes
         status.close()
+    os._exit(0)  # nothing left to finalise; a hung loader's thread must not hold the exit
 
 
 def measure(opts: Options, workers: int) -> dict:
