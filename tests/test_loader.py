@@ -449,3 +449,15 @@ def test_a_zmq_consume_run_is_never_told_to_use_zmq_consume():
     for path in ("zmq-consume", "python-queue"):
         v, *_ = _verdict_of(BenchConfig(paths=[path]), 0.41, None, 310, 540, path)
         assert ("use zmq-consume" in v["advice"]) == (path != "zmq-consume"), v["advice"]
+
+
+@pytest.mark.parametrize("framework", ["tf", "torch"])
+def test_a_float_loader_inside_the_trainer_is_one_line(bad, framework):
+    p = start("bench_input.py", "--framework", framework, "--fake-location", "loader", "--loader", f"{bad}:floats",
+              "--emulate-rate", "100", "--num-gpus", "1", "--batch", "2", "--image-size", "8",
+              "--warmup-steps", "1", "--steps", "2", "--repeats", "1")  # fmt: skip
+    code, _, err = finish(p, 300)
+    assert code == 2, err[-2000:]
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"loader {bad}:floats: batch 1: images are float32" in lines[0], err[-2000:]
+    assert left_in_session(p.pid) == []

@@ -56,8 +56,12 @@ class UserLoader(TFInputPath):
         del obj  # the generator builds its own copy when tf.data first asks for a batch
 
         def gen():
-            for images, labels in batches(spec, batch, batch, size, timeout=cfg.loader_timeout):
-                yield images, labels.astype(labels_spec.dtype.as_numpy_dtype, copy=False)
+            try:
+                for images, labels in batches(spec, batch, batch, size, timeout=cfg.loader_timeout):
+                    yield images, labels.astype(labels_spec.dtype.as_numpy_dtype, copy=False)
+            except LoaderError as e:  # tf.data wraps it in an op error; the run reports this line instead
+                self._failure = str(e)
+                raise
 
         ds = tf.data.Dataset.from_generator(
             gen,
@@ -65,6 +69,11 @@ class UserLoader(TFInputPath):
             output_shapes=(images_spec.shape, labels_spec.shape),
         )
         return TFDatasetInput(ds.prefetch(PREFETCH))
+
+    _failure: str | None = None
+
+    def failure(self) -> str | None:
+        return self._failure
 
     @staticmethod
     def _in_graph(spec: LoaderSpec, ds, images_spec, labels_spec):
