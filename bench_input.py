@@ -309,6 +309,8 @@ def _main(argv: list[str]) -> int:
         from runner.loader_only import main as loader_only
 
         return loader_only(args)
+    if args.num_devices:
+        raise ConfigError("--num-devices is for --loader-only; a run's devices are --num-gpus")
     cfg = config_from(args, paths)
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
     if grid is not None:
