@@ -145,6 +145,7 @@ def parse_args(argv: list[str], paths: dict):
         help="allow --endpoint, or this cluster task's --*-hosts entry, on a non-loopback address (unauthenticated)",
     )  # fmt: skip
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
+    _add_loader_flags(p)
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     g = p.add_argument_group("several machines (--framework torch, on torchrun)")
     g.add_argument("--nnodes", type=positive_int, default=1, help="machines in the run, each running --num-gpus ranks")
@@ -187,6 +188,29 @@ def parse_args(argv: list[str], paths: dict):
     return p.parse_args(argv)
 
 
+def _add_loader_flags(p: argparse.ArgumentParser) -> None:
+    """Your own loader as the run's producers (--loader), or measured alone (--loader-only)."""
+    from core.cli_types import positive_float, positive_int
+    from producers.loader import add_loader_args
+
+    g = p.add_argument_group("your own loader (--loader MODULE:CALLABLE; docs/loader.md)")
+    add_loader_args(g, required=False)
+    g.add_argument(
+        "--loader-only", action="store_true",
+        help="no trainer: the loader's images/s at 1, 2, ... workers up to the machine's cores, scaling, "
+        "the cores --emulate/--num-devices would need, and where a sample's time goes",
+    )  # fmt: skip
+    g.add_argument("--num-devices", type=positive_int, help="--loader-only: devices to feed (with --emulate)")
+    g.add_argument(
+        "--loader-workers", type=positive_int, metavar="N", help="--loader-only: most workers tried (default: cores)"
+    )
+    g.add_argument(
+        "--loader-seconds", type=positive_float, default=5.0, metavar="S",
+        help="--loader-only: measured seconds per worker count (default 5)",
+    )  # fmt: skip
+    g.add_argument("--no-stages", action="store_true", help="--loader-only: skip the per-stage timing")
+
+
 def _variable_update(text: str) -> str:
     if text == "horovod":
         raise argparse.ArgumentTypeError(
@@ -206,6 +230,8 @@ def config_from(args, paths: dict):
     else:
         chosen = [n for n, c in paths.items() if c.in_default_run]
     fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}
+    if args.loader:
+        fields["producer_kind"] = "loader"  # --loader: the run's producers are the user's loader
     if (args.emulate or args.emulate_rate is not None or args.find_capacity) and not args.bench:
         fields["model"] = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
     return BenchConfig(paths=chosen, **fields)
@@ -275,13 +301,22 @@ def _main(argv: list[str]) -> int:
     from runner import cluster_spec
 
     framework = _framework(argv)
-    paths = registry.load(framework)
+    # --loader-only runs no trainer: no framework's paths to load (and no TensorFlow to import).
+    paths = {} if "--loader-only" in argv else registry.load(framework)
     try:
         grid, argv = split_args(argv, list(paths))
     except SweepError as e:
         raise ConfigError(str(e)) from None
     args = parse_args(argv, paths)
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
+    if args.loader_only:
+        if not args.loader:
+            raise ConfigError("--loader-only needs --loader MODULE:CALLABLE")
+        from runner.loader_only import main as loader_only
+
+        return loader_only(args)
+    if args.num_devices:
+        raise ConfigError("--num-devices is for --loader-only; a run's devices are --num-gpus")
     cfg = config_from(args, paths)
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
     if grid is not None:
@@ -394,6 +429,7 @@ def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str,
         from runner.capacity import find_capacities
 
         print(f"capacity: each path against {_model_words(cfg)}; probes of a few seconds", flush=True)
+        _feeder_line(cfg)
         started = time.time()
         results, _ = find_capacities(cfg, lambda c, path: run_path(c, path, has_gpu), batch_given)
         return started, results
@@ -403,6 +439,7 @@ def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str,
         f"{cfg.variable_update}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
         flush=True,
     )
+    _feeder_line(cfg)
     if "dali" in cfg.paths or cfg.producer_kind == "dali":
         print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
     results: dict[str, dict] = {}
@@ -413,6 +450,13 @@ def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str,
         r = results[path] = run_path(cfg, path, has_gpu)
         print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
     return started, results
+
+
+def _feeder_line(cfg) -> None:
+    from core.registry import feeder_line
+
+    if cfg.loader and (words := feeder_line(cfg, "tf")):
+        print(words, flush=True)
 
 
 def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> None:

@@ -44,7 +44,10 @@ class BenchConfig:
     find_capacity: bool = False
     producers: int = 2
     producer_workers: int = 1
-    producer_kind: str = "synthetic"  # synthetic, decode or dali
+    producer_kind: str = "synthetic"  # synthetic, decode, dali, or loader (the user's own: --loader)
+    loader: str | None = None  # --loader MODULE:CALLABLE (core/loader_spec.py)
+    loader_arg: list[str] = field(default_factory=list)  # --loader-arg key=value, passed to the callable
+    loader_timeout: float = 60.0  # seconds without a batch before the loader is called hung
     dali_threads: int | None = None  # threads of each DALI pipeline (None: see apply_defaults)
     dali_device: str | None = None  # where DALI decodes, in the dali path and the dali producers: cpu or gpu
     data: str | None = None

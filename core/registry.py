@@ -64,7 +64,21 @@ class InputPath:
             "delivers_words": self.delivers_words,
             "host_cpu_advice": self.host_cpu_advice,
             "needs_producers": self.needs_producers,
+            "feeder": feeder_of(self.cfg) if self.needs_producers else None,
         }
+
+
+def feeder_of(cfg: Any) -> dict | None:
+    """Who makes the batches a producer-fed path receives, for the report and the verdict's advice."""
+    if cfg is None:
+        return None
+    workers = getattr(cfg, "producers", 1) * getattr(cfg, "producer_workers", 1)
+    if getattr(cfg, "endpoint", None):
+        return {"kind": "external", "name": f"the external producer at {cfg.endpoint}", "endpoint": cfg.endpoint}
+    if getattr(cfg, "loader", None):
+        return {"kind": "loader", "name": f"loader {cfg.loader}", "loader": cfg.loader, "workers": workers}
+    kind = getattr(cfg, "producer_kind", "synthetic")
+    return {"kind": kind, "name": f"{kind} producers", "workers": workers}
 
 
 def register(cls: type[InputPath]) -> type[InputPath]:
@@ -94,3 +108,14 @@ def get(framework: str, name: str) -> type[InputPath]:
 
 def names(framework: str, default_run_only: bool = False) -> list[str]:
     return [n for n, c in load(framework).items() if c.in_default_run or not default_run_only]
+
+
+def feeder_line(cfg: Any, framework: str) -> str | None:
+    """The run's line saying who feeds its producer-fed paths (None when no chosen path takes producers)."""
+    paths = load(framework)
+    if not any(paths[n].needs_producers for n in cfg.paths if n in paths):
+        return None
+    f = feeder_of(cfg)
+    if f["kind"] == "external":
+        return f"producers: {f['name']}"
+    return f"producers: {f['name']}, {cfg.producers} process(es) x {cfg.producer_workers} worker(s)"

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from core.cli_types import positive_int
-from producers import dali_source, dataset, decode
+from producers import dali_source, dataset, decode, loader
 from producers.options import add_send_args, run_producer
 from producers.synthetic import SyntheticSource
 from wire import curve
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", help="where to write server.key(_secret) and client.key(_secret)")
     p.set_defaults(func=lambda a: print(f"keys in {curve.make_keys(a.folder)}; copy the folder to every host") or 0)
 
-    for module in (dataset, decode, dali_source):
+    for module in (dataset, decode, dali_source, loader):
         module.register(sub)
     return parser
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-KINDS = ("synthetic", "decode", "dali")
+KINDS = ("synthetic", "decode", "dali", "loader")  # loader: the user's own (--loader MODULE:CALLABLE)
 
 
 def producer_command(

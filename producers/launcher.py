@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection, wait
 from tqdm import tqdm
 
 from core.atomic import atomic_write
+from core.errors import FeedbenchError
 from producers import parent, sender
 from producers.sender import Counters, SendConfig, Source
 from wire.curve import CurveError
@@ -66,6 +67,9 @@ def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: 
     except (EndpointError, CurveError) as e:
         report("error", str(e))
         code = sender.BAD_ENDPOINT
+    except FeedbenchError as e:  # already one line that names its cause (e.g. the user's loader)
+        report("error", str(e))
+        code = sender.FAILED
     except Exception as e:  # reported by the parent as one line, not a worker traceback
         report("error", f"{type(e).__name__}: {e}")
         code = sender.FAILED

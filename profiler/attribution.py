@@ -52,6 +52,10 @@ def attribute(result: dict, baseline: dict | None) -> dict | None:
             "trainer_cores": cpu["threads"].get("trainer", {}).get("cores", 0.0),
             "cpu_s_per_step": {k: v["cpu_s_per_step"] for k, v in stages.items()},
         }
+        feeder = (result.get("input") or {}).get("feeder") or {}
+        if feeder.get("kind") == "external":  # another process, maybe another host: not ours to measure
+            out["cpu"]["producer_cores"] = None
+            out["cpu"]["producers_not_measured"] = f"{feeder['name']} is not started by the run"
     return out
 
 
@@ -80,10 +84,12 @@ def sentence(path: str, a: dict | None) -> str:
     cpu = a.get("cpu")
     if cpu:
         joiner = " while the input used" if path != BASELINE and a["gap"] > 0 else "; the input used"
-        words += (
-            f"{joiner} {cpu['input_cores']:.1f} cores "
-            f"(producers {cpu['producer_cores']:.1f}, receive {cpu['receive_cores']:.1f})"
+        producers = (
+            "producers not measured: external"
+            if cpu["producer_cores"] is None
+            else f"producers {cpu['producer_cores']:.1f}"
         )
+        words += f"{joiner} {cpu['input_cores']:.1f} cores ({producers}, receive {cpu['receive_cores']:.1f})"
     if path == "cpu":
         words += "; the cpu path makes its images in TensorFlow's own threads, counted with the trainer"
     return words

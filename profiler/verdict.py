@@ -17,6 +17,8 @@ the consumer (receive, deserialise, copy into the graph) limits.
 
 from __future__ import annotations
 
+import math
+
 from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
@@ -72,6 +74,7 @@ def verdict(path: str, result: dict, baseline_ips: float | None = None) -> dict:
     queue_empty = q is not None and q["empty_share"] >= 0.5
     if level in LEVELS[:2] or (level == LEVELS[3] and queue_empty):
         stage, advice = _input_limits(result, evidence, baseline_ips)
+        advice = _not_this_path(path, advice)
         if queue_empty:
             evidence.append(_queue_words(q) + ": starved")
         return {"level": level, "limiting_stage": stage, "evidence": "; ".join(evidence), "advice": advice}
@@ -87,18 +90,49 @@ def _busy(prod: dict | None) -> bool:
     return prod is not None and prod.get("send_wait_share") is not None and prod["send_wait_share"] >= SEND_WAIT_BUSY
 
 
+def _not_this_path(path: str, advice: str) -> str:
+    """Advice never tells a run to switch to the path it is already on."""
+    if f"use {path}" not in advice:
+        return advice
+    parts = [p for p in advice.replace(", or ", "; ").replace(" or ", "; ").split("; ") if f"use {path}" not in p]
+    return " or ".join(parts) if parts else "speed up the producers"
+
+
+def _producer_advice(feeder: dict | None, prod: dict, baseline_ips: float | None, ips: float) -> str:
+    """What to do when the producers limit, in terms of who they are: the user's loader, an external one, ours."""
+    need = f"{baseline_ips:.0f} img/s" if baseline_ips else "more"
+    kind = (feeder or {}).get("kind")
+    if kind == "external":
+        return (
+            f"{feeder['name']} delivers {prod['images_per_sec']:.0f} img/s; it would need {need} to keep up: "
+            "add workers or producers on that side"
+        )
+    if kind == "loader":
+        workers = max(1, feeder.get("workers") or 1)
+        per_worker = prod["images_per_sec"] / workers
+        needed = math.ceil(baseline_ips / per_worker) if baseline_ips and per_worker > 0 else None
+        how = f"about {needed} workers (--producers x --producer-workers; now {workers})" if needed else "more workers"
+        return (
+            f"{feeder['name']} limits at {per_worker:.0f} img/s per worker: run {how}, or speed up its slowest "
+            f"stage (bench_input.py --loader {feeder['loader']} --loader-only names it)"
+        )
+    return "add producers (--producers) or workers (--producer-workers), or use DALI"
+
+
 def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None) -> tuple[str, str]:
     """The input limits: the producers' figures say which side of the wire (stage, advice)."""
     prod = (result.get("telemetry") or {}).get("producers")
     words = result.get("input") or _GENERIC
+    feeder = words.get("feeder")
     ips = result["images_per_sec"]["median"]
     against = f" against {baseline_ips:.0f} img/s with on-device data" if baseline_ips else ""
+    who = feeder["name"] if feeder and feeder["kind"] in ("loader", "external") else "producers"
     if prod is not None and not _busy(prod):
         evidence.append(
-            f"producers deliver {prod['images_per_sec']:.0f} img/s{against}, "
+            f"{who} deliver{'s' if who != 'producers' else ''} {prod['images_per_sec']:.0f} img/s{against}, "
             f"waiting to send only {100 * (prod['send_wait_share'] or 0):.0f}% of their time"
         )
-        return "producer", "add producers (--producers) or workers (--producer-workers), or use DALI"
+        return "producer", _producer_advice(feeder, prod, baseline_ips, ips)
     if prod is not None:
         evidence.append(
             f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
@@ -106,6 +140,14 @@ def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None)
         )
         return "consumer", words["advice"]
     evidence.append(f"{words['delivers_words']} {ips:.0f} img/s{against}")
+    if feeder and feeder["kind"] == "external":
+        need = f"{baseline_ips:.0f} img/s" if baseline_ips else "more"
+        return "input", (
+            f"{feeder['name']} (or the wire to it) delivers {ips:.0f} img/s and would need {need}: "
+            "add workers or producers on that side"
+        )
+    if feeder and feeder["kind"] == "loader":
+        return "input", _producer_advice(feeder, {"images_per_sec": ips}, baseline_ips, ips)
     return "input", words["input_advice"]
 
 

@@ -263,6 +263,9 @@ def producer_command(
     cpu_ms_per_batch: float | None = None,
     busy_wait: bool = False,
     device_id: int | None = None,
+    loader: str | None = None,
+    loader_args: list[str] | tuple[str, ...] = (),
+    loader_timeout: float | None = None,
 ) -> list[str]:
     """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
 
@@ -284,6 +287,10 @@ def producer_command(
         extra += ["--busy-wait"]
     if cpu_ms_per_batch and kind == "synthetic":
         extra += ["--cpu-ms-per-batch", f"{cpu_ms_per_batch:g}"]
+    if kind == "loader":  # the user's loader, checked against the run's batch and image size
+        extra += ["--loader", loader or "", *[a for text in loader_args for a in ("--loader-arg", text)]]
+        if loader_timeout:
+            extra += ["--loader-timeout", f"{loader_timeout:g}"]
     return commands.producer_command(
         kind,
         endpoint,
@@ -323,6 +330,9 @@ def run_producer_command(
         cpu_ms_per_batch=cfg.producer_cpu_ms,
         busy_wait=cfg.producer_busy_wait,
         device_id=device_id,
+        loader=getattr(cfg, "loader", None),
+        loader_args=getattr(cfg, "loader_arg", ()) or (),
+        loader_timeout=getattr(cfg, "loader_timeout", None),
     )
 
 
@@ -354,7 +364,9 @@ def check_producer_flags(cfg: Any) -> None:
             check_folder(cfg.curve_keys)
         except CurveError as e:
             raise ConfigError(str(e)) from None
-    if cfg.producer_kind != "synthetic":
+    if cfg.producer_kind == "loader" or getattr(cfg, "loader", None):
+        _check_loader(cfg)
+    elif cfg.producer_kind != "synthetic":
         if not cfg.data:
             raise ConfigError(
                 f"--producer-kind {cfg.producer_kind} needs --data DIR (make one: python -m producers make-dataset DIR)"
@@ -363,3 +375,23 @@ def check_producer_flags(cfg: Any) -> None:
             raise ConfigError(f"--data {cfg.data}: no such folder")
         if cfg.producer_kind == "dali" and not _importable("nvidia.dali"):
             raise ConfigError("--producer-kind dali: NVIDIA DALI is not installed (pip install -e '.[dali]')")
+
+
+def _check_loader(cfg: Any) -> None:
+    """--loader: its spelling, its file and its arguments, without importing it here (ConfigError)."""
+    from core.loader_spec import LoaderError, LoaderSpec
+
+    if not cfg.loader:
+        raise ConfigError("--producer-kind loader needs --loader MODULE:CALLABLE")
+    try:
+        spec = LoaderSpec.parse(cfg.loader, cfg.loader_arg)
+    except LoaderError as e:
+        raise ConfigError(str(e)) from None
+    module = spec.target.rpartition(":")[0]
+    if (module.endswith(".py") or os.sep in module) and not os.path.isfile(module):
+        raise ConfigError(f"--loader {spec.target}: no such file {module}")
+    if cfg.endpoint:
+        raise ConfigError(
+            f"--loader and --endpoint: the run starts the loader's producers itself; for an external one, run "
+            f"python -m producers loader --loader {spec.target} --endpoint {cfg.endpoint} there, without --loader here"
+        )

@@ -24,7 +24,7 @@ import time
 from core.config import BenchConfig, apply_defaults
 from core.errors import ConfigError, FeedbenchError, InputError
 from core.gpus import unseen_gpus
-from core.registry import BASELINE
+from core.registry import BASELINE, feeder_line
 
 # How to get a torch that sees the GPUs: PyPI's Linux wheels are CUDA builds (scripts/setup_env.sh).
 TORCH_FIX = "install the CUDA build (pip install torch==2.14.1 from PyPI, or run `make install` again)"
@@ -138,6 +138,8 @@ def main(cfg: BenchConfig, args: argparse.Namespace, check_machine, sweep: tuple
         print(f"note: {note}")
     world = cfg.num_gpus * nodes.nnodes
     print(_header(cfg, torch.__version__, gpus, nodes), flush=True)
+    if cfg.loader and (feeder := feeder_line(cfg, "torch")):
+        print(feeder, flush=True)
     started = time.time()
     doc = _launch(cfg, nodes)
     if doc is None:

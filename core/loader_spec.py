@@ -1,0 +1,548 @@
+"""A user's own loader as an input: `--loader MODULE:CALLABLE` and `--loader-arg key=value`.
+
+The callable returns one of:
+
+- an iterable of `(images, labels)` batches (numpy arrays or torch tensors), or of single samples;
+- a map-style torch `Dataset` of `(image, label)` samples (batched here);
+- a torch `DataLoader`;
+- a `tf.data.Dataset` (its numpy iterator is used);
+- a tensorpack `DataFlow` (reset, then iterated).
+
+Whatever it is, `batches` turns it into an iterator of `(uint8 NHWC images,
+int32 labels)` numpy batches, checked against what the model takes; a
+loader that yields anything else, raises, or stops yielding gets one line
+that names the loader and the problem (`LoaderError`).
+
+Framework-neutral: torch and TensorFlow are only ever touched through the
+objects the user's callable returns (recognised by their type's module), so
+importing this module imports neither.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import itertools
+import os
+import queue
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from core.errors import FeedbenchError
+
+DEFAULT_TIMEOUT = 60.0  # seconds a loader may take for one batch (the first included) before it is called hung
+
+
+class LoaderError(FeedbenchError):
+    """The user's loader cannot be used as it is; the message names the loader and says what to change."""
+
+
+def parse_args(texts: list[str] | tuple[str, ...] | None) -> tuple[tuple[str, Any], ...]:
+    """`key=value` pairs; a value is a Python literal (`8`, `0.5`, `True`, `'x'`) or else the text itself."""
+    out = []
+    for text in texts or ():
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise LoaderError(f"--loader-arg {text!r}: expected key=value, e.g. --loader-arg batch_size=32")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        out.append((key, value))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """Which callable makes the loader and with what keyword arguments; picklable, built in each worker."""
+
+    target: str  # "path/to/file.py:make" or "package.module:make"
+    args: tuple[tuple[str, Any], ...] = field(default=())
+
+    @classmethod
+    def parse(cls, target: str, arg_texts: list[str] | tuple[str, ...] | None = None) -> LoaderSpec:
+        module, sep, name = target.rpartition(":")
+        if not sep or not module or not name.isidentifier():
+            raise LoaderError(
+                f"--loader {target!r}: expected MODULE:CALLABLE, e.g. examples/torchvision_imagefolder.py:make_loader"
+            )
+        return cls(target, parse_args(arg_texts))
+
+    @property
+    def name(self) -> str:
+        return self.target
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.args)
+
+    def resolve(self) -> Callable[..., Any]:
+        """Import the module (a file path or an importable name) and return the callable."""
+        module_text, _, attr = self.target.rpartition(":")
+        if module_text.endswith(".py") or os.sep in module_text:
+            path = os.path.abspath(module_text)
+            if not os.path.isfile(path):
+                raise LoaderError(f"loader {self.name}: no such file {module_text}")
+            # Importable by its plain name where that is free, so that spawned processes of the loader
+            # (which unpickle its classes by module name) find it through sys.path, which they inherit.
+            stem = os.path.splitext(os.path.basename(path))[0]
+            folder = os.path.dirname(path)
+            mod_name = stem
+            if stem in sys.modules or not stem.isidentifier() or importlib.util.find_spec(stem) is not None:
+                mod_name = "feedbench_loader_" + stem
+            elif folder not in sys.path:
+                sys.path.append(folder)
+            if getattr(sys.modules.get(mod_name), "__file__", None) == path:
+                mod = sys.modules[mod_name]
+                return self._attr(mod, module_text, attr)
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = mod  # dataclasses and pickling look the module up by name
+            try:
+                spec.loader.exec_module(mod)
+            except Exception as e:
+                sys.modules.pop(mod_name, None)
+                raise LoaderError(f"loader {self.name}: importing {module_text} raised {_words(e)}") from None
+        else:
+            try:
+                mod = importlib.import_module(module_text)
+            except ModuleNotFoundError as e:
+                raise LoaderError(f"loader {self.name}: cannot import {module_text} ({e})") from None
+            except Exception as e:
+                raise LoaderError(f"loader {self.name}: importing {module_text} raised {_words(e)}") from None
+        return self._attr(mod, module_text, attr)
+
+    def _attr(self, mod: Any, module_text: str, attr: str) -> Callable[..., Any]:
+        fn = getattr(mod, attr, None)
+        if fn is None:
+            raise LoaderError(f"loader {self.name}: {module_text} has no {attr}")
+        if not callable(fn):
+            raise LoaderError(f"loader {self.name}: {attr} in {module_text} is not callable")
+        return fn
+
+    def build(self, seed: int = 0, worker: int = 0, num_workers: int = 1, offer: dict | None = None) -> Any:
+        """Call the loader's callable: its own copy, seeded with this worker's shard of the seed.
+
+        The callable gets `seed`, `shard` (this worker's index) and `num_shards`
+        when it takes them (so it can shard its data), and what `offer` holds (the run's
+        `batch_size` and `image_size`) where it takes those and --loader-arg
+        did not set them; Python's, numpy's and torch's global generators are
+        seeded with `seed` either way.
+        """
+        fn = self.resolve()
+        kwargs = self.kwargs
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            params = {}
+        for key, value in (("seed", seed), ("shard", worker), ("num_shards", num_workers)):
+            if key not in kwargs and key in params:
+                kwargs[key] = value
+        for key, value in (offer or {}).items():
+            if value is not None and key not in kwargs and key in params:
+                kwargs[key] = value
+        seed_globals(seed)
+        try:
+            return fn(**kwargs)
+        except TypeError as e:
+            raise LoaderError(f"loader {self.name}: calling it with {_kw_words(kwargs)} raised {_words(e)}") from None
+        except Exception as e:
+            raise LoaderError(f"loader {self.name}: calling it raised {_words(e)}") from None
+
+
+def allow_children() -> None:
+    """Let a loader in a worker process start processes of its own (a DataLoader's workers).
+
+    Producer workers are daemonic, so that they never outlive their producer,
+    and multiprocessing forbids children to daemonic processes. The worker
+    still dies with its parent (PR_SET_PDEATHSIG); its own children are
+    daemonic, so multiprocessing stops them when the worker exits.
+    """
+    import multiprocessing as mp
+
+    proc = mp.current_process()
+    if proc.daemon and getattr(proc, "_popen", None) is None:
+        proc.daemon = False
+    # A spawned worker inherits "spawn"; the loader's own processes start as in the user's script
+    # (the platform's default: fork on Linux), which also needs no importable main module.
+    default = mp.get_all_start_methods()[0]
+    if mp.get_start_method(allow_none=True) != default:
+        mp.set_start_method(default, force=True)
+
+
+def _dataloader_worker_init(user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    """A DataLoader worker forked from feedbench takes SIGTERM and SIGINT the default way.
+
+    It would otherwise inherit the handlers (and the blocked mask) of the
+    process that forked it, a producer worker or a trainer, and so ignore the
+    SIGTERM its DataLoader sends it at exit.
+    """
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the DataLoader stops its workers
+    if user_init is not None:
+        user_init(worker_id)
+
+
+def prepare_dataloader(loader: Any) -> Any:
+    """Give a DataLoader's workers default signal handling, keeping the user's worker_init_fn."""
+    import functools
+
+    init = loader.worker_init_fn
+    if not (isinstance(init, functools.partial) and init.func is _dataloader_worker_init):
+        loader.worker_init_fn = functools.partial(_dataloader_worker_init, init)
+    return loader
+
+
+def seed_globals(seed: int) -> None:
+    """Seed the generators a loader is likely to draw from (torch only if the loader imported it)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+def _words(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _kw_words(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no arguments"
+
+
+# --------------------------------------------------------------------------- what the callable returned
+
+
+def _module_of(obj: Any) -> str:
+    return type(obj).__module__ or ""
+
+
+def kind_of(obj: Any) -> str:
+    """What the loader returned: dataloader, dataset (map-style torch), tf.data, dataflow, or iterable."""
+    mro = [c.__module__ + "." + c.__name__ for c in type(obj).__mro__]
+    if "torch.utils.data.dataloader.DataLoader" in mro:
+        return "dataloader"
+    if any(m.startswith("tensorflow.") and m.endswith("DatasetV2") for m in mro):
+        return "tf.data"
+    if any(m.startswith("tensorpack.") and m.endswith(".DataFlow") for m in mro):
+        return "dataflow"
+    if "torch.utils.data.dataset.Dataset" in mro and "torch.utils.data.dataset.IterableDataset" not in mro:
+        return "dataset"
+    if hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (list, tuple, np.ndarray)):
+        return "dataset"  # map-style without torch: samples by index
+    if hasattr(obj, "__iter__") or hasattr(obj, "__next__"):
+        return "iterable"
+    return "unknown"
+
+
+def _to_numpy(x: Any) -> Any:
+    """A torch tensor, a TensorFlow eager tensor or a PIL image as numpy; anything else unchanged."""
+    if isinstance(x, np.ndarray):
+        return x
+    mod = _module_of(x)
+    if mod.startswith("torch"):
+        return x.detach().cpu().numpy()
+    if mod.startswith("tensorflow") and hasattr(x, "numpy"):
+        return x.numpy()
+    if mod.startswith("PIL"):
+        return np.asarray(x)
+    if isinstance(x, (int, np.integer, float, np.floating)):
+        return np.asarray(x)
+    return x
+
+
+def _pair(item: Any) -> tuple[Any, Any] | None:
+    """(images, labels) from a batch or sample: a tuple or list of two or more, or a dict with image/label keys."""
+    if isinstance(item, dict):
+        img = next((item[k] for k in ("images", "image", "img", "x", "data") if k in item), None)
+        lab = next((item[k] for k in ("labels", "label", "y", "target", "targets") if k in item), None)
+        return (img, lab) if img is not None and lab is not None else None
+    if isinstance(item, (tuple, list)) and len(item) >= 2:
+        return item[0], item[1]
+    return None
+
+
+def _epochs(name: str, new_pass: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    """Pass after pass over a finite loader (a DataLoader's epoch ends; training starts the next one)."""
+    while True:
+        empty = True
+        for item in new_pass():
+            empty = False
+            yield item
+        if empty:
+            raise LoaderError(f"loader {name}: yields no batches (is its data folder empty, or drop_last too strict?)")
+
+
+def raw_iterator(obj: Any, kind: str, batch: int, seed: int, name: str = "") -> Iterator[Any]:
+    """The items the returned object yields, each a batch or a sample (not yet converted).
+
+    A re-iterable object (a DataLoader, a tf.data.Dataset, a DataFlow, a list)
+    is passed over again and again; an iterator or generator once.
+    """
+    if kind == "tf.data":
+        return _epochs(name, obj.as_numpy_iterator)
+    if kind == "dataflow":
+        obj.reset_state()
+        return _epochs(name, lambda: iter(obj))
+    if kind == "dataset":
+        n = len(obj)
+
+        def samples() -> Iterator[Any]:
+            rng = np.random.default_rng(seed)
+            for _ in itertools.count():
+                for i in rng.permutation(n):
+                    yield obj[int(i)]
+
+        return samples()
+    first = iter(obj)
+    if first is obj:  # an iterator or a generator: one pass
+        return first
+    passes = itertools.chain([first], iter(lambda: iter(obj), None))
+    return _epochs(name, lambda: next(passes))
+
+
+class Batcher:
+    """Turns the loader's items into checked `(uint8 NHWC, int32)` numpy batches of one shape.
+
+    Items that are single samples (an HWC image and a scalar label) are stacked
+    `batch` at a time; items that are batches pass through. The first batch is
+    checked against the model's signature (`expect`: batch, image size, each
+    None to take the loader's), every later one against the first.
+    """
+
+    def __init__(self, name: str, batch: int, expect_batch: int | None, expect_size: int | None) -> None:
+        self.name = name
+        self.batch = batch
+        self.expect_batch = expect_batch
+        self.expect_size = expect_size
+        self.shape: tuple[int, ...] | None = None
+        self.count = 0  # batches yielded so far
+
+    def fail(self, what: str) -> LoaderError:
+        return LoaderError(f"loader {self.name}: batch {self.count + 1}: {what}")
+
+    def batches(self, items: Iterator[Any]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        pending_img: list[np.ndarray] = []
+        pending_lab: list[Any] = []
+        for item in items:
+            pair = _pair(item)
+            if pair is None:
+                raise self.fail(
+                    f"yields {type(item).__name__}; expected (images, labels) pairs (a tuple, a list, "
+                    "or a dict with 'image' and 'label')"
+                )
+            img, lab = _to_numpy(pair[0]), _to_numpy(pair[1])
+            if not isinstance(img, np.ndarray):
+                raise self.fail(f"images are {type(img).__name__}; expected numpy arrays or torch tensors")
+            if img.ndim == 3 and np.ndim(lab) == 0:  # one sample: batch it here
+                pending_img.append(img)
+                pending_lab.append(lab)
+                if len(pending_img) < self.batch:
+                    continue
+                if len({a.shape for a in pending_img}) > 1:
+                    shapes = sorted({a.shape for a in pending_img})
+                    raise self.fail(f"samples of different shapes {shapes[0]} and {shapes[-1]} cannot be batched")
+                img, lab = np.stack(pending_img), np.asarray(pending_lab)
+                pending_img, pending_lab = [], []
+            yield self.check(img, np.asarray(lab))
+            self.count += 1
+
+    def check(self, images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Refuse what the model cannot take, with what to change; labels become int32."""
+        if self.shape is not None:
+            if images.shape != self.shape or images.dtype != np.uint8:
+                raise self.fail(
+                    f"images are {images.dtype} {tuple(images.shape)} after batches of uint8 {self.shape}; "
+                    "every batch must have one shape (drop_last=True drops a short last batch)"
+                )
+        else:
+            self._check_first(images)
+        if labels.ndim != 1 or len(labels) != len(images):
+            raise self.fail(
+                f"labels have shape {tuple(labels.shape)}; expected one integer label per image ({len(images)},)"
+            )
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise self.fail(f"labels are {labels.dtype}; expected integers (class indices)")
+        self.shape = tuple(images.shape)
+        return np.ascontiguousarray(images), labels.astype(np.int32, copy=False)
+
+    def _check_first(self, images: np.ndarray) -> None:
+        shape = tuple(images.shape)
+        if np.issubdtype(images.dtype, np.floating):
+            raise self.fail(
+                f"images are {images.dtype} {shape}; the model takes uint8 NHWC (0-255) and normalises on the "
+                "device: drop ToTensor()/Normalize() (torchvision: PILToTensor() or np.asarray), or convert with "
+                "(x * 255).round().to(torch.uint8) / tf.cast(x * 255, tf.uint8)"
+            )
+        if images.dtype != np.uint8:
+            raise self.fail(f"images are {images.dtype} {shape}; the model takes uint8 NHWC: cast them to uint8")
+        if images.ndim != 4:
+            raise self.fail(f"images have shape {shape}; expected a batch of HWC images (N, H, W, 3)")
+        if images.shape[-1] != 3:
+            if images.shape[1] == 3:
+                raise self.fail(
+                    f"images are NCHW {shape}; the model takes NHWC: x.permute(0, 2, 3, 1) "
+                    "(or transpose(0, 2, 3, 1) in numpy)"
+                )
+            raise self.fail(f"images have shape {shape}; expected 3 channels last (N, H, W, 3)")
+        n, h, w, _ = shape
+        if h != w:
+            raise self.fail(f"images are {h}x{w}; the model takes square images (crop or resize to SxS)")
+        if self.expect_size is not None and h != self.expect_size:
+            raise self.fail(
+                f"images are {h}x{w}; the run's model takes {self.expect_size}x{self.expect_size} "
+                f"(pass --image-size {h}, or resize in the loader)"
+            )
+        if self.expect_batch is not None and n != self.expect_batch:
+            raise self.fail(
+                f"batches hold {n} images; the run's model takes {self.expect_batch} per batch "
+                f"(pass --batch {n}, or set the loader's batch size)"
+            )
+
+
+_END = object()
+
+
+def guarded(
+    items: Iterator[Any],
+    name: str,
+    timeout: float,
+    should_stop: Callable[[], bool] = lambda: False,
+    unit: str = "batch",
+) -> Iterator[Any]:
+    """`items`, taken in a helper thread so that a loader that hangs or raises becomes one LoaderError.
+
+    A loader that yields nothing for `timeout` seconds is called hung; its
+    thread is a daemon, so the process can still exit (and multiprocessing
+    stops a DataLoader's daemonic workers at exit).
+    """
+    q: queue.Queue = queue.Queue(maxsize=2)
+    done = threading.Event()
+
+    def pump() -> None:
+        n = 0
+        try:
+            for item in items:
+                n += 1
+                while not done.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if done.is_set():
+                    return
+            q.put((_END, None))
+        except BaseException as e:  # reported by the consumer of the queue as one line
+            q.put((_END, (n + 1, e)))
+
+    t = threading.Thread(target=pump, name="feedbench-loader", daemon=True)
+    t.start()
+    got = 0
+    try:
+        while True:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    item, err = q.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    if should_stop():
+                        return
+                    if time.monotonic() > deadline:
+                        raise LoaderError(
+                            f"loader {name}: no {unit} for {timeout:g} s after {unit} {got} "
+                            "(hung? raise --loader-timeout if it is only slow)"
+                        ) from None
+            if err is not None:
+                index, e = err
+                raise LoaderError(f"loader {name}: {unit} {index} raised {_words(e)}") from None
+            if item is _END:
+                return
+            got += 1
+            yield item
+    finally:
+        done.set()
+        # Let the thread leave the loader's code before the process may exit: a thread killed at
+        # interpreter exit inside native code (TensorFlow's, say) aborts the process.
+        t.join(min(timeout, 10.0))
+
+
+def batches(
+    spec: LoaderSpec,
+    batch: int = 64,
+    expect_batch: int | None = None,
+    expect_size: int | None = None,
+    seed: int = 0,
+    worker: int = 0,
+    num_workers: int = 1,
+    timeout: float = DEFAULT_TIMEOUT,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The loader's batches as checked numpy arrays; `batch` is the size for loaders that yield samples.
+
+    A generator: the loader is built at the first `next()`, and when the
+    generator is closed (or collected) the processes the loader started (a
+    DataLoader's workers) are stopped with it.
+    """
+    import multiprocessing as mp
+
+    before = {p.pid for p in mp.active_children()}
+    allow_children()
+    obj = spec.build(seed, worker, num_workers, {"batch_size": expect_batch, "image_size": expect_size})
+    kind = kind_of(obj)
+    if kind == "unknown":
+        raise LoaderError(
+            f"loader {spec.name}: returned {type(obj).__name__}; expected an iterable of (images, labels) batches, "
+            "a torch Dataset or DataLoader, a tf.data.Dataset or a tensorpack DataFlow"
+        )
+    if kind == "dataloader":
+        prepare_dataloader(obj)
+    try:
+        items = raw_iterator(obj, kind, expect_batch or batch, seed, spec.name)
+    except Exception as e:
+        raise LoaderError(f"loader {spec.name}: starting its {kind} raised {_words(e)}") from None
+    batcher = Batcher(spec.name, expect_batch or batch, expect_batch, expect_size)
+    unit = "sample" if kind == "dataset" else "batch"
+    out = batcher.batches(guarded(items, spec.name, timeout, should_stop, unit))
+    try:
+        yield from out
+    finally:
+        out.close()
+        del items, obj
+        stop_children(before)
+
+
+def stop_children(keep: set[int]) -> None:
+    """Stop the multiprocessing children not in `keep` (the ones a loader started), quietly.
+
+    A DataLoader that is not shut down leaves its workers to multiprocessing's
+    exit handler, and its SIGCHLD handler then reports their ends as failures.
+    """
+    import multiprocessing as mp
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    mine = [p for p in mp.active_children() if p.pid not in keep]
+    for p in mine:
+        p.terminate()
+    for p in mine:
+        p.join(2)
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -1,0 +1,167 @@
+"""What `--loader-only` reports: rate per worker count, scaling, the cores a demand needs, and stage shares.
+
+The cores needed for a demand (N emulated devices of a preset, or a rate)
+are extrapolated from the largest measured point: images per CPU-second of
+the loader's processes there, assumed to hold beyond it. Every line that
+rests on that assumption says "extrapolated".
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+
+from tabulate import tabulate
+
+from core.atomic import atomic_write
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the loader should feed: `devices` devices at `images_per_sec` each."""
+
+    device: str
+    images_per_sec: float  # per device
+    devices: int
+    source: str
+
+    @property
+    def total(self) -> float:
+        return self.images_per_sec * self.devices
+
+
+def needs(rows: list[dict], demand: Demand) -> dict:
+    """Workers and cores the demand needs, extrapolated from the largest measured point."""
+    top = max(rows, key=lambda r: r["workers"])
+    per_worker = top["images_per_sec_per_worker"]
+    per_core = top["images_per_sec"] / top["cpu_cores"] if top["cpu_cores"] > 0 else per_worker
+    best = max(r["images_per_sec"] for r in rows)
+    return {
+        "demand_images_per_sec": demand.total,
+        "measured_best_images_per_sec": best,
+        "enough_as_measured": best >= demand.total,
+        "workers_needed": math.ceil(demand.total / per_worker) if per_worker > 0 else None,
+        "cores_needed": math.ceil(demand.total / per_core) if per_core > 0 else None,
+        "images_per_sec_per_core": per_core,
+        "extrapolated_from_workers": top["workers"],
+        "scaling_efficiency_assumed": top["scaling_efficiency"],
+        "extrapolated": True,
+    }
+
+
+def document(name: str, rows: list[dict], demand: Demand | None, stages: dict | None, machine_cores: int) -> dict:
+    """The JSON of a --loader-only run."""
+    return {
+        "loader": name,
+        "mode": "loader-only",
+        "machine_cores": machine_cores,
+        "points": rows,
+        "demand": {**asdict(demand), "total_images_per_sec": demand.total} if demand else None,
+        "needs": needs(rows, demand) if demand else None,
+        "stages": stages,
+    }
+
+
+def text(doc: dict) -> str:
+    """The table of points, the demand's needs, and the stage table."""
+    rows = [
+        [
+            r["workers"],
+            f"{r['images_per_sec']:.1f}",
+            f"{r['images_per_sec_per_worker']:.1f}",
+            f"{100 * r['scaling_efficiency']:.0f}%",
+            f"{r['cpu_cores']:.2f}",
+        ]
+        for r in doc["points"]
+    ]
+    out = [
+        f"loader {doc['loader']} alone, no trainer ({doc['machine_cores']} cores here)",
+        tabulate(
+            rows,
+            headers=["workers", "images/s", "images/s per worker", "scaling efficiency", "CPU cores used"],
+            disable_numparse=True,
+        ),
+    ]
+    d, n = doc.get("demand"), doc.get("needs")
+    if d and n:
+        words = (
+            f"{d['devices']} x {d['device']} at {d['images_per_sec']:.0f} img/s = {d['total_images_per_sec']:.0f} img/s"
+        )
+        out.append("")
+        if n["enough_as_measured"]:
+            out.append(f"feeds {words}: measured {n['measured_best_images_per_sec']:.0f} img/s")
+        else:
+            out.append(
+                f"to feed {words}: about {n['workers_needed']} workers and {n['cores_needed']} cores "
+                f"(extrapolated from {n['extrapolated_from_workers']} worker(s) at "
+                f"{n['images_per_sec_per_core']:.0f} img/s per core and "
+                f"{100 * n['scaling_efficiency_assumed']:.0f}% scaling efficiency; measured best "
+                f"{n['measured_best_images_per_sec']:.0f} img/s)"
+            )
+    st = doc.get("stages")
+    if st:
+        out += ["", stages_text(st)]
+    return "\n".join(out)
+
+
+def stages_text(st: dict) -> str:
+    """Per-stage time per sample and its share of the whole; or the note saying why there is none."""
+    if not st.get("stages"):
+        return f"stages: {st.get('note', 'not measured')}"
+    rows = [[s["name"], f"{1e3 * s['seconds_per_sample']:.2f}", f"{100 * s['share']:.1f}%"] for s in st["stages"]]
+    rows.append(["(whole sample)", f"{1e3 * st['seconds_per_sample']:.2f}", f"{100 * st['shares_sum']:.1f}%"])
+    head = f"where a sample's time goes ({st['samples']} samples, {st['source']}):"
+    table = tabulate(rows, headers=["stage", "ms per sample", "share"], disable_numparse=True)
+    slowest = f"slowest stage: {st['slowest']}"
+    return "\n".join(x for x in (head, table, slowest, st.get("note")) if x)
+
+
+def write_json(path: str, doc: dict) -> None:
+    atomic_write(path, json.dumps(doc, indent=2))
+
+
+def write_files(out: str, doc: dict) -> list[str]:
+    """loader.json and loader.png in `out`."""
+    os.makedirs(out, exist_ok=True)
+    files = [os.path.join(out, "loader.json"), os.path.join(out, "loader.png")]
+    write_json(files[0], doc)
+    atomic_write(files[1], plot_png(doc))
+    return files
+
+
+def plot_png(doc: dict) -> bytes:
+    """Images/s against workers, the demand as a horizontal line (and its extrapolated worker count)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = doc["points"]
+    xs, ys = [r["workers"] for r in pts], [r["images_per_sec"] for r in pts]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    ax.plot(xs, ys, "o-", label="measured")
+    one = pts[0]["images_per_sec"] / pts[0]["workers"]
+    ax.plot(xs, [one * x for x in xs], ":", color="grey", label="linear from 1 worker")
+    d, n = doc.get("demand"), doc.get("needs")
+    if d and n:
+        ax.axhline(d["total_images_per_sec"], color="red", linestyle="--",
+                   label=f"demand: {d['devices']} x {d['device']} ({d['total_images_per_sec']:.0f} img/s)")  # fmt: skip
+        if n["workers_needed"] and n["workers_needed"] > max(xs):
+            ax.annotate(
+                f"needs ~{n['workers_needed']} workers (extrapolated)",
+                xy=(max(xs), ys[-1]), xytext=(0.35, 0.85), textcoords="axes fraction",
+            )  # fmt: skip
+    ax.set_xlabel("loader workers (processes)")
+    ax.set_ylabel("images/s")
+    ax.set_title(f"loader {doc['loader']} alone")
+    ax.set_xticks(xs)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

@@ -1,0 +1,227 @@
+"""`bench_input.py --loader M:F --loader-only`: the user's loader alone, at 1, 2, ... workers, no trainer.
+
+Each point starts fresh worker processes, each with its own copy of the
+loader and its own shard of the seed (as the `loader` producer runs it),
+waits until every worker has yielded its warm-up batches, then lets them run
+for a window. Each worker counts the images of the batches it finished after
+the window opened, between two batch boundaries, so the rate has no
+partial-batch error; the CPU its process tree used (DataLoader workers
+included) over the same span says how many cores it took. Nothing is sent
+anywhere: this is the loader's own ceiling.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+
+from core.errors import FeedbenchError
+from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches
+from producers import parent
+from producers.loader import worker_seed
+from profiler.cpu import tree_cpu_seconds
+
+# Per worker, in shared memory: batches so far, images in the window, window start, last batch end.
+_FIELDS = 4
+WARMUP_BATCHES = 2
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the sweep runs: the loader and how long each point lasts."""
+
+    spec: LoaderSpec
+    batch: int = 64  # for loaders that yield samples
+    seconds: float = 5.0  # the measured window per point
+    warmup_batches: int = WARMUP_BATCHES
+    timeout: float = DEFAULT_TIMEOUT
+    seed: int = 0
+
+
+def worker_counts(max_workers: int) -> list[int]:
+    """1, 2, 4, ... and `max_workers` itself."""
+    out, n = [], 1
+    while n < max_workers:
+        out.append(n)
+        n *= 2
+    return [*out, max_workers]
+
+
+def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Connection) -> None:
+    """One copy of the loader: iterate it, counting images once the window is open."""
+    parent.die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    base = i * _FIELDS
+    first_id = os.getppid()
+    it = None
+    try:
+        it = batches(
+            opts.spec, opts.batch, seed=worker_seed(opts.seed, i), worker=i, num_workers=workers,
+            timeout=opts.timeout, should_stop=lambda: stop.value != 0 or os.getppid() != first_id,
+        )  # fmt: skip
+        started = False
+        for images, _labels in it:
+            now = time.perf_counter()
+            shared[base] += 1
+            if started:
+                shared[base + 1] += len(images)
+                shared[base + 3] = now
+            elif go.value:
+                started = True
+                shared[base + 2] = shared[base + 3] = now
+            if stop.value:
+                break
+        else:
+            if not stop.value:
+                status.send(("error", f"loader {opts.spec.name}: ran out of batches during the measurement"))
+    except FeedbenchError as e:
+        status.send(("error", str(e)))
+    except Exception as e:
+        status.send(("error", f"loader {opts.spec.name}: {type(e).__name__}: {e}"))
+    finally:
+        if it is not None:
+            it.close()  # stops the loader's own processes
+        status.close()
+    os._exit(0)  # nothing left to finalise; a hung loader's thread must not hold the exit
+
+
+def measure(opts: Options, workers: int) -> dict:
+    """One point: `workers` copies of the loader; images/s in total and per worker, and CPU cores used."""
+    spawn = mp.get_context("spawn")
+    shared = spawn.RawArray("d", workers * _FIELDS)
+    go, stop = spawn.RawValue("b", 0), spawn.RawValue("b", 0)
+    procs, readers = [], []
+    try:
+        for i in range(workers):
+            reader, writer = spawn.Pipe(duplex=False)
+            p = spawn.Process(target=_worker, args=(opts, i, workers, shared, go, stop, writer), daemon=True)
+            p.start()
+            writer.close()
+            procs.append(p)
+            readers.append(reader)
+
+        def check() -> None:
+            for r in wait(readers, timeout=0):
+                try:
+                    kind, text = r.recv()
+                except (EOFError, OSError):
+                    readers.remove(r)
+                    continue
+                raise LoaderError(text)
+            for i, p in enumerate(procs):
+                if not p.is_alive() and p.exitcode != 0:
+                    raise LoaderError(f"loader {opts.spec.name}: worker {i} died (exit code {p.exitcode})")
+
+        # Warm-up: every copy has started and yielded a few batches (the first is the slowest).
+        deadline = time.monotonic() + opts.timeout * (opts.warmup_batches + 1)
+        while min(shared[i * _FIELDS] for i in range(workers)) < opts.warmup_batches:
+            check()
+            if time.monotonic() > deadline:
+                raise LoaderError(f"loader {opts.spec.name}: no warm-up batches within {opts.timeout:g} s")
+            time.sleep(0.02)
+        cpu0 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
+        t0 = time.perf_counter()
+        go.value = 1
+        end = time.monotonic() + opts.seconds
+        while time.monotonic() < end:
+            check()
+            time.sleep(0.02)
+        # Every worker must have finished at least one full batch inside the window.
+        deadline = time.monotonic() + opts.timeout
+        while min(shared[i * _FIELDS + 1] for i in range(workers)) <= 0:
+            check()
+            if time.monotonic() > deadline:
+                raise LoaderError(f"loader {opts.spec.name}: no batch within {opts.timeout:g} s")
+            time.sleep(0.02)
+        stop.value = 1
+        wall = time.perf_counter() - t0
+        cpu1 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
+        per_worker = []
+        for i in range(workers):
+            images, start, last = shared[i * _FIELDS + 1], shared[i * _FIELDS + 2], shared[i * _FIELDS + 3]
+            per_worker.append(images / (last - start) if last > start else 0.0)
+        cpu_s = sum((cpu1[p] or 0.0) - (cpu0[p] or 0.0) for p in cpu0)
+        total = sum(per_worker)
+        return {
+            "workers": workers,
+            "images_per_sec": total,
+            "images_per_sec_per_worker": total / workers,
+            "worker_rates": per_worker,
+            "cpu_cores": cpu_s / wall if wall > 0 else 0.0,
+            "window_s": wall,
+        }
+    finally:
+        stop.value = 1
+        for p in procs:
+            p.join(5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for r in readers:
+            r.close()
+
+
+def sweep(opts: Options, counts: list[int], progress=None) -> list[dict]:
+    """Every point in turn, with scaling efficiency against one worker."""
+    rows: list[dict] = []
+    for n in counts:
+        row = measure(opts, n)
+        one = rows[0]["images_per_sec"] if rows else row["images_per_sec"] / n
+        row["scaling_efficiency"] = row["images_per_sec"] / (n * one) if one > 0 else 0.0
+        rows.append(row)
+        if progress:
+            progress(row)
+    return rows
+
+
+def main(args) -> int:
+    """The CLI of --loader-only (bench_input.py hands over its parsed flags)."""
+    from core.emulate import EmulateError, Emulation
+    from core.errors import ConfigError
+    from profiler import loader_report
+
+    spec = LoaderSpec.parse(args.loader, args.loader_arg)
+    spec.resolve()
+    demand = None
+    if args.emulate or args.emulate_rate is not None or args.num_devices:
+        try:
+            emu = Emulation.of(args.emulate, args.emulate_rate)
+        except EmulateError as e:
+            raise ConfigError(str(e)) from None
+        demand = loader_report.Demand(emu.device, emu.images_per_sec, args.num_devices or 1, emu.source)
+    max_workers = args.loader_workers or os.cpu_count() or 1
+    opts = Options(spec, batch=args.batch or 64, seconds=args.loader_seconds, timeout=args.loader_timeout)
+    counts = worker_counts(max_workers)
+    print(
+        f"loader {spec.name} alone (no trainer): {', '.join(map(str, counts))} worker(s), "
+        f"{opts.seconds:g} s each after {opts.warmup_batches} warm-up batches",
+        flush=True,
+    )
+    rows = sweep(
+        opts, counts, lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True)
+    )
+    stages = None
+    if not args.no_stages:
+        from core.loader_stages import profile
+
+        stages = profile(spec, seed=0)
+    doc = loader_report.document(spec.name, rows, demand, stages, os.cpu_count() or 1)
+    print()
+    print(loader_report.text(doc))
+    files = []
+    if args.json_path:
+        loader_report.write_json(args.json_path, doc)
+        files.append(args.json_path)
+    if args.out:
+        files += loader_report.write_files(args.out, doc)
+    if files:
+        print("\n" + "\n".join(f"wrote {f}" for f in files))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,109 @@
+"""`loader`: the user's own loader (--loader MODULE:CALLABLE) iterated inside each rank, as a training script does.
+
+A `DataLoader` is iterated as it is, with `pin_memory` turned on where the
+rank has a GPU (its own workers decode; its pin thread copies into pinned
+memory), and each batch goes to the device with a non-blocking copy. Any
+other loader (a Dataset, a tf.data.Dataset, a DataFlow, an iterable) runs
+on the pinned-memory, side-stream feeder of python-queue. Each rank builds
+its own copy with its own shard of the seed (`shard`, `num_shards` = rank,
+world where the callable takes them). No producers: this is the loader where
+users run it, against the same model and report.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from core.errors import ConfigError
+from core.loader_spec import (
+    Batcher,
+    LoaderError,
+    LoaderSpec,
+    _pair,
+    batches,
+    guarded,
+    kind_of,
+    prepare_dataloader,
+)
+from core.registry import register
+from producers.loader import worker_seed
+from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
+from torch_trainer.prefetch import Prefetcher
+
+
+@register
+class UserLoader(TorchInputPath):
+    name: ClassVar[str] = "loader"
+    summary: ClassVar[str] = "your --loader inside each rank (a DataLoader with pin_memory), no producers"
+    order: ClassVar[int] = 70
+    in_default_run: ClassVar[bool] = False
+    advice: ClassVar[str] = (
+        "your loader limits inside the rank: raise its workers (DataLoader num_workers), speed up its slowest "
+        "stage (--loader-only names it), or run it as producers on other cores (--fake-location zmq-consume)"
+    )
+    input_advice: ClassVar[str] = advice
+    delivers_words: ClassVar[str] = "the loader delivers"
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        if not cfg.loader:
+            raise ConfigError("--fake-location loader needs --loader MODULE:CALLABLE")
+
+    def open(self, ctx: RankContext) -> None:
+        super().open(ctx)
+        cfg = self.cfg
+        spec = LoaderSpec.parse(cfg.loader, cfg.loader_arg)
+        seed = worker_seed(0, ctx.rank)
+        offer = {"batch_size": cfg.batch, "image_size": cfg.image_size}
+        self.feeder = None
+        obj = spec.build(seed, ctx.rank, ctx.world, offer)
+        kind = kind_of(obj)
+        if kind == "dataloader":
+            if ctx.device.type == "cuda":
+                obj.pin_memory = True  # read when the iterator is made
+            # Its workers are forked from a rank that blocks SIGTERM in its threads: let them be stopped.
+            prepare_dataloader(obj)
+            self.batcher = Batcher(spec.name, cfg.batch, cfg.batch, cfg.image_size)
+            self.passes: list = []
+            loader = obj
+
+            def epochs():
+                while True:
+                    self.passes.append(iter(loader))
+                    yield from self.passes[-1]
+
+            self.it = guarded(epochs(), spec.name, cfg.loader_timeout)
+            return
+        del obj  # the feeder's thread builds its own copy, so its iteration lives on that thread
+
+        def source():
+            it = batches(spec, cfg.batch, cfg.batch, cfg.image_size, seed, ctx.rank, ctx.world, cfg.loader_timeout)
+            return ([images, labels] for images, labels in it)
+
+        self.feeder = Prefetcher(source, ctx.device, depth=2, name="loader")
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.feeder is not None:
+            images, labels = self.feeder.next()
+            return images, labels_of(labels)
+        pair = _pair(next(self.it))
+        if pair is None or not all(isinstance(t, torch.Tensor) for t in pair):
+            raise LoaderError(f"loader {self.cfg.loader}: its DataLoader yields no (images, labels) tensors")
+        images, labels = pair
+        self.batcher.check(images.numpy(), np.asarray(labels.numpy()))  # views: nothing copied
+        self.batcher.count += 1
+        dev = self.ctx.device
+        return images.to(dev, non_blocking=True), labels_of(labels).to(dev, non_blocking=True)
+
+    def close(self) -> None:
+        if self.feeder is not None:
+            self.feeder.close()
+            return
+        self.it.close()  # the pumping thread stops at its next batch
+        for it in self.passes:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
