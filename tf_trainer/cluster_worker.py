@@ -23,6 +23,7 @@ GATHER_TIMEOUT_S = 120.0
 def session_config(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool):
     """The single-machine session config, seeing only the parameter servers and this worker."""
     config = devices.session_config(cfg.num_gpus, has_gpu)
+    del config.session_inter_op_thread_pool[:]  # a distributed session refuses pool options; the server sizes its own
     config.device_filters.extend(["/job:ps", f"/job:worker/task:{cc.task_index}"])
     return config
 
