@@ -20,10 +20,16 @@ _SHAPE = re.compile(r"Shape of tensor \S* ?(\[[\d,]*\]) is not compatible with e
 
 
 def ensure_batch(tensors: list, specs: list) -> list:
-    """`tensors`, each checked at run time against its spec's full shape (the step fails on a mismatch)."""
-    return [
-        tf.ensure_shape(t, s.shape, name=f"{CHECK}{i}") for i, (t, s) in enumerate(zip(tensors, specs, strict=True))
-    ]
+    """`tensors`, each checked at run time against its spec's full shape (the step fails on a mismatch).
+
+    The checks run in order (each waits for the one before), so a batch wrong in several tensors is
+    always named by its first, the images, not by whichever check the executor ran first.
+    """
+    checked: list = []
+    for i, (t, s) in enumerate(zip(tensors, specs, strict=True)):
+        with tf.control_dependencies(checked[-1:]):
+            checked.append(tf.ensure_shape(t, s.shape, name=f"{CHECK}{i}"))
+    return checked
 
 
 def batch_error(e: Exception, specs: list) -> str | None:
