@@ -28,6 +28,12 @@ LOW_EFFICIENCY = 0.5  # below this share of the set rate, the machine, not the p
 def probe_config(cfg: BenchConfig, rate: float, batch_given: bool) -> BenchConfig:
     """The run configuration of one probe at `rate` images/s per device."""
     emulation = {**cfg.emulation, "images_per_sec": rate}
+    # The producers fill their queues while the trainer starts: up to --hwm batches at each end of each
+    # worker's connection, the receiver's own queue and a staged batch per tower. A throttled producer's
+    # backlog drained inside the measured window would read as a rate it cannot sustain, so the warm-up
+    # takes at least that many batches.
+    queued = cfg.producers * max(1, cfg.producer_workers) * 2 * cfg.hwm + cfg.hwm + cfg.num_gpus
+    steps = {**PROBE_STEPS, "warmup_steps": max(PROBE_STEPS["warmup_steps"], -(-queued // max(1, cfg.num_gpus)) + 2)}
     return replace(
         cfg,
         emulate_rate=rate,
@@ -35,7 +41,7 @@ def probe_config(cfg: BenchConfig, rate: float, batch_given: bool) -> BenchConfi
         batch=cfg.batch if batch_given else emulated_batch(rate),
         json_path=None,
         profile_dir=None,
-        **PROBE_STEPS,
+        **steps,
     )
 
 
