@@ -52,13 +52,15 @@ def worker_counts(max_workers: int) -> list[int]:
     return [*out, max_workers]
 
 
-def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Connection) -> None:
-    """One copy of the loader: iterate it, counting images once the window is open."""
+def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Connection, first_id: int) -> None:
+    """One copy of the loader: iterate it, counting images once the window is open.
+
+    `first_id` is the sweep's pid: a worker that starts after the sweep died sees another parent and stops.
+    """
     parent.die_with_parent(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     base = i * _FIELDS
-    first_id = os.getppid()
     it = None
     try:
         it = batches(
@@ -100,7 +102,9 @@ def measure(opts: Options, workers: int) -> dict:
     try:
         for i in range(workers):
             reader, writer = spawn.Pipe(duplex=False)
-            p = spawn.Process(target=_worker, args=(opts, i, workers, shared, go, stop, writer), daemon=True)
+            p = spawn.Process(
+                target=_worker, args=(opts, i, workers, shared, go, stop, writer, os.getpid()), daemon=True
+            )
             p.start()
             writer.close()
             procs.append(p)
