@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(sys.argv[1:] if argv is None else list(argv))
     except FeedbenchError as e:
+        if shutdown.stopping():  # a signal is being handled: its line and exit code win over what it broke
+            shutdown.wait_for_exit()
         return fail(str(e))
 
 

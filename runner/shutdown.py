@@ -51,6 +51,11 @@ def stopping() -> bool:
     return _stopping.is_set()
 
 
+def wait_for_exit(limit_s: float = 60.0) -> None:
+    """Block while the signal watcher stops the run and exits (it ends the process itself)."""
+    threading.Event().wait(limit_s)
+
+
 def _watch() -> None:
     sig = signal.sigwait(SIGNALS)
     _stopping.set()
