@@ -48,12 +48,22 @@ class Procs:
         return self.start("-m", "producers", "synthetic", "--endpoint", endpoint, "--quiet", *extra)
 
     def cleanup(self) -> None:
+        """SIGTERM first, so producers remove their shared-memory regions and socket files; SIGKILL what stays."""
         for p in self.started:
             if p.poll() is None:
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)
+                    os.killpg(p.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
+        for p in self.started:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the group: workers that outlived their launcher too
+            except ProcessLookupError:
+                pass
             p.wait()
             for stream in (p.stdout, p.stderr):
                 if stream:
