@@ -15,8 +15,6 @@ import sys
 
 from runner import shutdown  # light: signal handling goes in before TensorFlow or matplotlib start threads
 
-MEMORY_SHARE = 16  # a run keeps about this many batches in memory (queues, staging, producer pools)
-
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI: every failure a user can cause is one line, `error: ...`, and exit code 2."""
@@ -111,7 +109,6 @@ def parse_args(argv: list[str], paths: dict):
         "--producer-kind", choices=KINDS, default="synthetic",
         help="what the producers send: random images, JPEGs decoded in Python, or a DALI pipeline",
     )  # fmt: skip
-    g.add_argument("--producer", dest="producer_kind", choices=KINDS, help=argparse.SUPPRESS)  # the old spelling
     g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer-kind decode|dali and dali")
     g.add_argument("--producer-workers", type=positive_int, default=1, help="worker processes per producer")
     g.add_argument(
@@ -179,7 +176,10 @@ def parse_args(argv: list[str], paths: dict):
         help="synthetic producers spend this much CPU per batch, as decoding would (a CPU-hungry loader)",
     )  # fmt: skip
     g.add_argument(
-        "--profile", dest="profile_dir", metavar="DIR", help="write a TensorFlow trace of a few measured steps"
+        "--profile",
+        dest="profile_dir",
+        metavar="DIR",
+        help="write a trace of a few steps after the timed ones (TensorFlow profiler, or torch.profiler)",
     )
     g.add_argument(
         "--sweep", action="store_true",
@@ -267,33 +267,8 @@ def validate(cfg, paths: dict) -> None:
             raise ConfigError(str(e)) from None
 
 
-def check_machine(cfg, gpus: int) -> None:
-    """Towers the machine has, and a batch it can hold (ConfigError)."""
-    import os
-
-    import psutil
-
-    from core.errors import ConfigError
-
-    if gpus and cfg.num_gpus > gpus:
-        raise ConfigError(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
-    if not gpus and cfg.dali_device == "gpu":
-        raise ConfigError("--dali-device gpu: no GPU here; DALI decodes on the CPU (--dali-device cpu)")
-    if not gpus and cfg.num_gpus > (os.cpu_count() or 1):
-        raise ConfigError(
-            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
-        )
-    batch_bytes = cfg.batch * cfg.image_size * cfg.image_size * 3
-    available = psutil.virtual_memory().available
-    if batch_bytes * MEMORY_SHARE > available:
-        raise ConfigError(
-            f"--image-size {cfg.image_size}: one batch of {cfg.batch} is {batch_bytes / 1e9:.1f} GB, and a run keeps "
-            f"about {MEMORY_SHARE} batches in memory; this machine has {available / 1e9:.1f} GB available"
-        )
-
-
 def _main(argv: list[str]) -> int:
-    import os
+    """Parse, check what needs no device, pick the framework's plugin; the harness does the rest."""
     from dataclasses import replace
 
     from core import registry
@@ -319,16 +294,13 @@ def _main(argv: list[str]) -> int:
         return loader_only(args)
     if args.num_devices:
         raise ConfigError("--num-devices is for --loader-only; a run's devices are --num-gpus")
+    registry.refuse_limits(framework, args)  # flags this framework's trainer cannot honour
     cfg = config_from(args, paths)
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
     if grid is not None:
         cfg.paths = grid.get("paths", cfg.paths)
         cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
     task = None  # this process's place in a TensorFlow cluster (docs/cluster.md)
-    if framework == "torch" and (args.local_cluster or cfg.variable_update in cluster_spec.MODES):
-        raise ConfigError(
-            "--local-cluster and distributed_* updates are TensorFlow's; PyTorch uses --nnodes (torchrun)"
-        )
     if args.local_cluster or cfg.variable_update in cluster_spec.MODES:
         task = cluster_spec.from_args(args, cfg, sweep=grid is not None)
         if task is None:
@@ -349,46 +321,12 @@ def _main(argv: list[str]) -> int:
                 check_step(rate, max(grid.get("batch") or [cfg.batch or emulated_batch(rate)]), cfg.recv_timeout)
             except EmulateError as e:
                 raise ConfigError(str(e)) from None
-    if framework == "torch":
-        from torch_trainer.run import main as torch_main
+    from harness import plugin, run
 
-        return torch_main(cfg, args, check_machine, sweep=(base, grid) if grid is not None else None)
-    if args.nnodes > 1:
-        raise ConfigError("--nnodes: several machines need --framework torch (torchrun)")
-    if task is not None and task.job_name == "ps":  # serves variables: no towers, no device checks
-        from tf_trainer.cluster_worker import run_task
-
-        return run_task(cfg, task, False)
-
-    from core.config import apply_defaults
-    from tf_trainer import devices
-
-    gpus = devices.gpu_count()
-    for note in apply_defaults(cfg, gpus):
-        print(f"note: {note}")
-    check_machine(cfg, gpus)
-    if task is not None:
-        from tf_trainer.cluster_worker import run_task
-
-        return run_task(cfg, task, gpus > 0)
-    if grid is not None:
-        return _sweep(base, grid, gpus, args.out or "results")
-    started, results = _run(cfg, gpus > 0, batch_given=args.batch is not None)
-    _report(cfg, results, args.out, started)
-    if args.bench and not gpus:
-        # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
-        # H100s each path would keep fed (docs/emulated.md).
-        cap = replace(base, model="emulated", emulate=base.emulate or "H100", find_capacity=True, shrunk={})
-        cap.batch = cap.image_size = cap.warmup_steps = cap.steps = cap.repeats = None
-        if cap.json_path:
-            cap.json_path = cap.json_path.removesuffix(".json") + "-capacity.json"
-        validate(cap, paths)
-        for note in apply_defaults(cap, gpus):
-            print(f"note: {note}")
-        print()
-        started, results = _run(cap, False, batch_given=False)
-        _report(cap, results, os.path.join(args.out, "capacity") if args.out else None, started)
-    return 0
+    trainer = plugin.load(framework, args)
+    if task is not None:  # a task of a TensorFlow cluster: the cluster's own run and report
+        return trainer.run_task(cfg, task)
+    return run.main(trainer, cfg, base, grid, args.out, args.bench)
 
 
 def _framework(argv: list[str]) -> str:
@@ -396,124 +334,6 @@ def _framework(argv: list[str]) -> str:
     pre = _Parser(add_help=False)
     pre.add_argument("--framework", choices=("tf", "torch"), default="tf")
     return pre.parse_known_args(argv)[0].framework
-
-
-def _sweep(base, grid: dict, gpus: int, out: str) -> int:
-    import os
-
-    from profiler.sweep import run_sweep
-    from tf_trainer import devices
-
-    doc = run_sweep(base, grid, gpus, out, devices.describe())
-    print()
-    print(open(os.path.join(out, "results.md")).read())
-    print("\n".join(f"wrote {f}" for f in doc["files"]))
-    return 0
-
-
-def _model_words(cfg) -> str:
-    """What the run trains: ResNet-50, or an emulated device with its rate and source."""
-    if cfg.model == "emulated":
-        e = cfg.emulation
-        from core.emulate import rate_text
-
-        return f"emulated {e['device']} ({rate_text(e['images_per_sec'])} img/s per device) [source: {e['source']}]"
-    return f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
-
-
-def _run(cfg, has_gpu: bool, batch_given: bool = True) -> tuple[float, dict[str, dict]]:
-    """Every chosen path in turn, one line each as it finishes (or, with --find-capacity, each path's capacity)."""
-    import time
-
-    from tf_trainer.run import run_path
-
-    if cfg.find_capacity:
-        from runner.capacity import find_capacities
-
-        print(f"capacity: each path against {_model_words(cfg)}; probes of a few seconds", flush=True)
-        _feeder_line(cfg)
-        started = time.time()
-        results, _ = find_capacities(cfg, lambda c, path: run_path(c, path, has_gpu), batch_given)
-        return started, results
-    print(
-        f"feedbench: {_model_words(cfg)}, "
-        f"{cfg.num_gpus} {'GPU' if has_gpu else 'CPU'} tower(s) x batch {cfg.batch}, {cfg.image_size}x{cfg.image_size}, "
-        f"{cfg.variable_update}, {cfg.warmup_steps} warm-up + {cfg.repeats} x {cfg.steps} steps",
-        flush=True,
-    )
-    _feeder_line(cfg)
-    if "dali" in cfg.paths or cfg.producer_kind == "dali":
-        print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
-    results: dict[str, dict] = {}
-    started = time.time()
-    for path in cfg.paths:
-        t0 = time.perf_counter()
-        print(f"- {path} ...", flush=True)
-        r = results[path] = run_path(cfg, path, has_gpu)
-        print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return started, results
-
-
-def _feeder_line(cfg) -> None:
-    from core.registry import feeder_line
-
-    if cfg.loader and (words := feeder_line(cfg, "tf")):
-        print(words, flush=True)
-
-
-def _report(cfg, results: dict[str, dict], out: str | None, started: float) -> None:
-    """The tables, the verdicts, and the files asked for."""
-    from core import registry
-    from profiler import report
-    from profiler.verdict import verdicts_text
-    from tf_trainer import devices
-
-    report.add_ratios(results)
-    print()
-    if cfg.model == "emulated":
-        print(_model_words(cfg))
-    print(report.table(results, cfg.num_gpus, cfg.input_only))
-    if cfg.find_capacity:
-        from runner.capacity import table as capacity_table
-
-        print()
-        print(capacity_table(results))
-    if cfg.telemetry:
-        print()
-        print(verdicts_text(results))
-    if cfg.profile_dir:
-        from tf_trainer.tracing import how_to_open
-
-        print()
-        print(how_to_open(cfg.profile_dir))
-    if out:
-        from profiler.sweep import rows_of, write_results
-
-        doc = {"device": devices.describe(), "rows": rows_of([{"config": cfg.to_dict(), "paths": results}])}
-        extra = {}
-        if cfg.find_capacity:
-            from profiler.plot import capacity_png
-
-            extra["capacity.png"] = capacity_png(results)
-        files = write_results(out, doc, registry.names("tf"), extra)  # all of them, or none (a full disk)
-        print("\n" + "\n".join(f"wrote {f}" for f in files))
-    if cfg.json_path:
-        base = results.get(registry.BASELINE, {})
-        report.write_json(
-            cfg.json_path,
-            {
-                "config": cfg.to_dict(),
-                "device": devices.describe(),
-                # Emulated runs say so, with the rate and its source (docs/emulated.md).
-                "model": cfg.emulation if cfg.model == "emulated" else {"emulated": False, "name": "ResNet-50"},
-                "reference": {"baseline": registry.BASELINE, "baseline_images_per_sec": base.get("images_per_sec")},
-                "started": started,
-                "paths": results,
-                # Per path: the highest demand sustained at >= 97% of the baseline, with every probe tried.
-                "capacity": {p: r["capacity"] for p, r in results.items() if r.get("capacity")} or None,
-            },
-        )
-        print(f"\nwrote {cfg.json_path}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class BenchConfig:
     producer_rate: float | None = None  # cap each producer worker at this many images/s (a slow loader)
     profile_dir: str | None = None  # --profile: TensorFlow profiler trace + Chrome timeline per path
     shrunk: dict[str, tuple] = field(default_factory=dict)
+    quiet: bool = False  # no per-path progress lines (a capacity probe)
 
     def to_dict(self) -> dict:
         d = asdict(self)

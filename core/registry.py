@@ -11,6 +11,8 @@ registering a class from anywhere, as the tests do) and nothing else.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from core.errors import ConfigError
@@ -51,13 +53,23 @@ class InputPath:
     def validate(cls, cfg: Any) -> None:
         """Refuse flags this path cannot work with, before anything starts (raise ConfigError)."""
 
+    def measure_start(self) -> None:
+        """The first timed step is next: snapshot the counters the stage figures are measured from."""
+
+    def measure_end(self) -> None:
+        """The last timed step is done: snapshot the counters again."""
+
     def stage_figures(self) -> dict[str, dict]:
-        """This path's own figures by stage name ("queue", "wire", ...), gathered by the telemetry."""
+        """This path's own figures by stage name ("queue", "wire", ...), from what it counted in between.
+
+        profiler/telemetry.py turns raw counts into these figures, for every framework alike.
+        """
         return {}
 
     def describe(self) -> dict[str, Any]:
         """What the report says about the path itself (kind, advice), next to its figures."""
         return {
+            "name": self.name,
             "summary": self.summary,
             "advice": self.advice,
             "input_advice": self.input_advice,
@@ -119,3 +131,40 @@ def feeder_line(cfg: Any, framework: str) -> str | None:
     if f["kind"] == "external":
         return f"producers: {f['name']}"
     return f"producers: {f['name']}, {cfg.producers} process(es) x {cfg.producer_workers} worker(s)"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A flag one framework's trainer cannot honour; the CLI refuses it for that framework from here only."""
+
+    framework: str
+    applies: Callable[[Any], bool]  # on the parsed flags (argparse.Namespace)
+    line: str  # the error, naming the flag, why, and what to use instead
+
+
+_DISTRIBUTED = "--local-cluster and distributed_* updates are TensorFlow's; PyTorch uses --nnodes (torchrun)"
+LIMITS = (
+    Limit(
+        "torch",
+        lambda a: a.variable_update == "parameter_server",
+        "--variable-update parameter_server: PyTorch's DistributedDataParallel all-reduces gradients "
+        "(replicated); there is no parameter server with --framework torch",
+    ),
+    Limit("torch", lambda a: a.ps_device != "cpu", "--ps-device: there is no parameter server with --framework torch"),
+    Limit(
+        "torch",
+        lambda a: a.transport != "ipc",
+        "--transport shm: the PyTorch ranks' own producers use ipc; "
+        "start shm producers yourself and give --endpoint shm://NAME",
+    ),
+    Limit("torch", lambda a: bool(a.local_cluster), _DISTRIBUTED),
+    Limit("torch", lambda a: a.variable_update.startswith("distributed_"), _DISTRIBUTED),
+    Limit("tf", lambda a: a.nnodes > 1, "--nnodes: several machines need --framework torch (torchrun)"),
+)
+
+
+def refuse_limits(framework: str, args: Any) -> None:
+    """Raise ConfigError for the first flag in `args` that `framework`'s trainer cannot honour."""
+    for limit in LIMITS:
+        if limit.framework == framework and limit.applies(args):
+            raise ConfigError(limit.line)

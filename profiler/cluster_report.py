@@ -25,10 +25,16 @@ def _wait_share(worker: dict) -> float | None:
     return (worker.get("telemetry") or {}).get("input_wait_share")
 
 
-def straggler(workers: list[dict]) -> dict:
-    """{"worker": index or None, "why": one line} for the cluster's report."""
+def straggler(workers: list[dict], noun: str = "worker", meeting: str = "the step barrier") -> dict:
+    """{"worker": index or None, "why": one line} for the report.
+
+    The same rule for a TensorFlow cluster's workers and PyTorch's ranks
+    (`noun` "rank", `meeting` "every gradient all-reduce"): each entry has
+    `cluster.task_index`, `cluster.barrier_wait_ms` (None where not measured),
+    `images_per_sec`, `step_time_ms` and `telemetry.input_wait_share`.
+    """
     if len(workers) < 2:
-        return {"worker": None, "why": "one worker: nothing to compare"}
+        return {"worker": None, "why": f"one {noun}: nothing to compare"}
     at_barrier = [(w["cluster"].get("barrier_wait_ms"), w["cluster"]["task_index"], w) for w in workers]
     if all(ms is not None for ms, _, _ in at_barrier):
         (least, who, w), (second, _, _) = sorted(at_barrier, key=lambda x: x[0])[:2]
@@ -43,9 +49,9 @@ def straggler(workers: list[dict]) -> dict:
             )
             return {
                 "worker": who,
-                "why": f"the other workers wait {gap:.0f} ms more per step at the barrier than it does; {cause}",
+                "why": f"the other {noun}s wait {gap:.0f} ms more per step at {meeting} than it does; {cause}",
             }
-        return {"worker": None, "why": f"none: the workers reach the step barrier within {gap:.0f} ms of each other"}
+        return {"worker": None, "why": f"none: the {noun}s reach {meeting} within {gap:.0f} ms of each other"}
     waits = [(_wait_share(w), w["cluster"]["task_index"]) for w in workers]
     known = sorted(((s, i) for s, i in waits if s is not None), reverse=True)
     if len(known) >= 2:
@@ -53,15 +59,62 @@ def straggler(workers: list[dict]) -> dict:
         if top >= WAIT_SHARE and top - second >= WAIT_MARGIN:
             return {
                 "worker": who,
-                "why": f"its steps wait for input {100 * top:.0f}% of the time (next worker: {100 * second:.0f}%); "
-                "the others wait for it at the step barrier",
+                "why": f"its steps wait for input {100 * top:.0f}% of the time (next {noun}: {100 * second:.0f}%); "
+                f"the others wait for it at {meeting}",
             }
     rates = sorted((w["images_per_sec"]["median"], w["cluster"]["task_index"]) for w in workers)
     (slow, who), (fast, _) = rates[0], rates[-1]
     spread = 1 - slow / fast if fast > 0 else 0.0
     if spread >= RATE_SPREAD:
-        return {"worker": who, "why": f"lowest images/s, {100 * spread:.0f}% below the fastest worker"}
-    return {"worker": None, "why": f"none: the workers' rates are within {100 * spread:.0f}% and none waits for input"}
+        return {"worker": who, "why": f"lowest images/s, {100 * spread:.0f}% below the fastest {noun}"}
+    return {
+        "worker": None,
+        "why": f"none: the {noun}s' rates are within {100 * spread:.0f}% and none waits for input",
+    }
+
+
+def rank_straggler(ranks: list[dict]) -> dict:
+    """PyTorch's ranks under the cluster's rule: {"rank", "host", "why"} (rank None: nobody holds the others)."""
+    as_workers = [
+        {
+            "cluster": {"task_index": r["rank"], "barrier_wait_ms": None},
+            "images_per_sec": r["images_per_sec"],
+            "step_time_ms": r["step_time_ms"],
+            "telemetry": {"input_wait_share": r["input_wait_share"]},
+        }
+        for r in ranks
+    ]
+    s = straggler(as_workers, noun="rank", meeting="every gradient all-reduce")
+    host = next((r["host"] for r in ranks if r["rank"] == s["worker"]), None)
+    return {"rank": s["worker"], "host": host, "why": s["why"]}
+
+
+def rank_lines(results: dict[str, dict]) -> list[str]:
+    """Where a run has several ranks: per rank images/s and input wait, and the straggler of each path."""
+    if not any(len(r.get("ranks") or []) > 1 for r in results.values()):
+        return []
+    rows = []
+    for path, r in results.items():
+        for p in r.get("ranks") or []:
+            share = p["input_wait_share"]
+            rows.append(
+                [
+                    path,
+                    p["rank"],
+                    p["host"],
+                    p["device"],
+                    f"{p['images_per_sec']['median']:.1f}",
+                    "n/a" if share is None else f"{100 * share:.0f}%",
+                    f"{p['input_wait_ms_mean']:.1f}" if p["input_wait_ms_mean"] is not None else "n/a",
+                ]
+            )
+    headers = ["input path", "rank", "host", "device", "images/s", "input wait", "wait ms/step"]
+    lines = ["", tabulate(rows, headers=headers, disable_numparse=True)]
+    for path, r in results.items():
+        s = r.get("straggler")
+        if s and s.get("rank") is not None:
+            lines.append(f"{path}: rank {s['rank']} ({s['host']}) straggles: {s['why']}")
+    return lines
 
 
 def variables_in_sync(workers: list[dict], mode: str) -> bool:

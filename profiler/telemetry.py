@@ -66,6 +66,27 @@ def producer_figures(rows: list[dict], batch: int, source: str) -> dict | None:
     }
 
 
+def delivered_rows(producers: dict, before: dict[int, int], batch: int, dt: float) -> list[dict]:
+    """Per producer, what reached the consumer in `dt` seconds (exact counts) and what its headers said.
+
+    `producers` is a consumer's tracker.producers ({id: counts with `received` and `extras`});
+    `before` the `received` counts at the window's start. The rows feed `producer_figures`.
+    """
+    rows = []
+    for pid, pc in sorted(producers.items()):
+        got = pc.received - before.get(pid, 0)
+        if dt > 0 and got > 0:
+            rows.append(
+                {
+                    "producer": pid,
+                    "images_per_sec": got * batch / dt,
+                    "make_images_per_sec": float(pc.extras.get("make_images_per_sec", 0.0)),
+                    "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
+                }
+            )
+    return rows
+
+
 def input_wait_figures(traced: list[tuple[float, float]]) -> dict:
     """From (exposed input ms, step wall ms) of the traced steps: the wait per step and its share of the step."""
     if not traced:
@@ -76,6 +97,63 @@ def input_wait_figures(traced: list[tuple[float, float]]) -> dict:
         "input_wait_ms": {"mean": statistics.mean(waits), "max": max(waits)},
         "input_wait_share": min(1.0, sum(waits) / sum(walls)) if sum(walls) > 0 else 0.0,
     }
+
+
+def add_common_fields(result: dict, cfg, description: dict) -> None:
+    """What every trainer's result holds beside its timing: the sizes, the emulation label, the path's words.
+
+    `cfg` is the run's BenchConfig; `description` the path's `InputPath.describe()`. With telemetry on,
+    the `trainer` stage repeats the headline figures, so the verdict reads one block.
+    """
+    result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4  # uint8 RGB and an int32 label
+    result["batch"] = cfg.batch
+    if cfg.model == "emulated":
+        result["emulated"] = dict(cfg.emulation)  # every emulated figure carries its label
+    result["input"] = description
+    if result.get("telemetry") is not None:
+        result["telemetry"]["trainer"] = {
+            "images_per_sec": result["images_per_sec"]["median"],
+            "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],
+            "step_time_ms": result["step_time_ms"],
+        }
+
+
+def _mean_known(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def merge_rank_stages(stages: list[dict]) -> dict:
+    """Every rank's stage figures as one: queue figures averaged, wire and producer rates summed.
+
+    A stage only some paths have (a decoder's description) is kept as rank 0 gave it.
+    """
+    out: dict = {"queue": None, "staging": None, "wire": None, "producers": None}
+    out.update({k: v for k, v in (stages[0] if stages else {}).items() if k not in out})
+    qs = [r["queue"] for r in stages if r.get("queue")]
+    if qs:
+        out["queue"] = {k: (qs[0][k] if k == "capacity" else sum(q[k] for q in qs) / len(qs)) for k in qs[0]}
+    ws = [r["wire"] for r in stages if r.get("wire")]
+    if ws:
+        out["wire"] = {
+            "messages_per_sec": sum(w["messages_per_sec"] for w in ws),
+            "bytes_per_sec": sum(w["bytes_per_sec"] for w in ws),
+            "latency_ms_mean": _mean_known(w["latency_ms_mean"] for w in ws),
+            "recv_wait_ms_mean": _mean_known(w["recv_wait_ms_mean"] for w in ws),
+            "source": ws[0]["source"],
+        }
+    ps = [r["producers"] for r in stages if r.get("producers")]
+    if ps:
+        shares = [p["send_wait_share"] for p in ps if p["send_wait_share"] is not None]
+        out["producers"] = {
+            "source": ps[0]["source"],
+            "count": sum(p["count"] for p in ps),
+            "images_per_sec": sum(p["images_per_sec"] for p in ps),
+            "send_latency_ms": sum(p["send_latency_ms"] for p in ps) / len(ps),
+            "send_wait_share": sum(shares) / len(shares) if shares else None,
+            "per_producer": [row for p in ps for row in p["per_producer"]],
+        }
+    return out
 
 
 def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -24,7 +24,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runner.producer_group import ProducerGroup, producer_command  # noqa: E402
-from tf_trainer.run import expected_message_size  # noqa: E402
+from consumers.expect import receive_cap  # noqa: E402
 from tf_trainer.tf_env import tf as _tf  # noqa: E402
 
 tf = _tf()
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = f"ipc://{tmp}/soak"
         sock = zmq_ops.ZMQPullSocket(
             endpoint, [tf.uint8, tf.int32], hwm=4, bind=True, timeout_ms=30_000,
-            max_msg_size=expected_message_size(args.batch, args.image_size),
+            max_msg_size=receive_cap(args.batch, args.image_size),
         )  # fmt: skip
         images, labels = sock.pull()
         touched = tf.reduce_sum(tf.cast(images, tf.int32)) + tf.reduce_sum(labels)

@@ -38,7 +38,7 @@ def every_path(jpegs, tmp_path_factory) -> dict:
     """One torchrun launch, two CPU ranks (gloo), training every PyTorch path in turn."""
     from core.config import BenchConfig, apply_defaults
     from torch_trainer.launch import Nodes, launch
-    from torch_trainer.run import expected_message_size
+    from consumers.expect import receive_cap
 
     cfg = BenchConfig(
         paths=[p for p in PATHS if p != "spdl" or importlib.util.find_spec("spdl")],
@@ -46,7 +46,7 @@ def every_path(jpegs, tmp_path_factory) -> dict:
         data=jpegs, recv_timeout=60,
     )  # fmt: skip
     apply_defaults(cfg, 0)
-    cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
+    cfg.max_msg_size = receive_cap(cfg.batch, cfg.image_size)
     folder = str(tmp_path_factory.mktemp("run"))
     rc, doc, errors = launch(2, Nodes(), cfg.to_dict(), folder)
     assert rc == 0 and not errors, errors

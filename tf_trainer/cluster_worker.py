@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from core.config import BenchConfig
-from profiler import cluster_report, report
+from profiler import cluster_report
 from runner.cluster_spec import ClusterConfig
 from tf_trainer import cluster, devices
 from tf_trainer.run import run_path
@@ -62,8 +62,11 @@ def train(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool) -> dict | None:
     return combined
 
 
-def run_task(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool) -> int:
-    """bench_input.py's entry for --job-name: returns the exit code (errors propagate as FeedbenchError)."""
+def run_task(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool, trainer=None) -> int:
+    """bench_input.py's entry for --job-name: returns the exit code (errors propagate as FeedbenchError).
+
+    `trainer`: the TensorFlow plugin, whose words and machine the chief's --json report gives.
+    """
     if cc.job_name == "ps":
         return serve(cc)
     path = cfg.paths[-1]
@@ -86,15 +89,8 @@ def run_task(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool) -> int:
     print(cluster_report.table(result))
     print("\n".join(cluster_report.summary_lines(result)))
     if cfg.json_path:
-        report.write_json(
-            cfg.json_path,
-            {
-                "framework": "tensorflow",
-                "config": cfg.to_dict(),
-                "device": devices.describe(),
-                "started": started,
-                "paths": {path: result},
-            },
-        )
+        from harness import document
+
+        document.write_json(cfg.json_path, document.run_document(trainer, cfg, {path: result}, started))
         print(f"\nwrote {cfg.json_path}")
     return 0

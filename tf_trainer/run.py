@@ -21,10 +21,12 @@ from tensorpack.tfutils.sesscreate import NewSessionCreator
 from tensorpack.tfutils.sessinit import JustCurrentSession
 from tensorpack.tfutils.tower import get_current_tower_context
 
+from consumers.expect import receive_cap
 from core import registry
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
 from profiler.progress import RunProgress
+from profiler.telemetry import add_common_fields
 from runner import shutdown
 from runner.producer_group import ProducerDied, ProducerGroup, RunDir, start_producers
 from tf_trainer import devices, placement
@@ -134,14 +136,6 @@ class _WatchProducers(Callback):
             self.group.check()
 
 
-def expected_message_size(batch: int, image_size: int) -> int:
-    """The default receive cap (consumers.expect.receive_cap): at least 1 GiB, so a batch of another size
-    is received and reported as a mismatch, not dropped by ZMQ without a word (ZMQ_MAXMSGSIZE)."""
-    from consumers.expect import receive_cap
-
-    return receive_cap(batch, image_size)
-
-
 _ROOT_ERROR = re.compile(r"^\(\d+\) [A-Z_]+: *(.+)$")
 
 
@@ -231,7 +225,7 @@ def build(
     if num_gpus is not None and num_gpus != cfg.num_gpus:
         cfg = replace(cfg, num_gpus=num_gpus)
     if cfg.max_msg_size is None:
-        cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
+        cfg.max_msg_size = receive_cap(cfg.batch, cfg.image_size)
     path = registry.get("tf", path_name)(cfg, endpoint)
     graph = tf.Graph()
     with graph.as_default():
@@ -380,20 +374,11 @@ def _result(built: Built, timer: StepTimer, callbacks: list[Callback]) -> dict:
     """The path's result dict (docs/results.md): timing figures, accounting, each stage's telemetry."""
     cfg = built.cfg
     result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus)
-    result["bytes_per_image"] = cfg.image_size * cfg.image_size * 3 + 4
-    result["batch"] = cfg.batch
-    if cfg.model == "emulated":
-        result["emulated"] = dict(cfg.emulation)  # every emulated figure carries its label
-    result["input"] = {"name": built.path.name, **built.path.describe()}
     result.update(built.path.result_fields())
     telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)
     if telemetry is not None:
         result["telemetry"] = telemetry.summary()
         cpu_use = next((c for c in callbacks if isinstance(c, CpuUse)), None)
         result["telemetry"]["cpu"] = cpu_use.summary() if cpu_use is not None else None
-        result["telemetry"]["trainer"] = {
-            "images_per_sec": result["images_per_sec"]["median"],
-            "images_per_sec_per_device": result["images_per_sec_per_device"]["median"],
-            "step_time_ms": result["step_time_ms"],
-        }
+    add_common_fields(result, cfg, built.path.describe())
     return result

@@ -40,9 +40,10 @@ def _importable(name: str) -> bool:
 
 def run_path(path: str, args: argparse.Namespace, data: str, gpus: int) -> tuple[dict | None, str | None]:
     """(the path's result, None) or (None, the one line saying why it failed)."""
+    from consumers.expect import receive_cap
     from core.config import BenchConfig, apply_defaults
     from torch_trainer.launch import Nodes, launch
-    from torch_trainer.run import SYNC_DEBUG_ENV, expected_message_size
+    from torch_trainer.run import SYNC_DEBUG_ENV
 
     cfg = BenchConfig(
         paths=[path], num_gpus=gpus, batch=args.batch, image_size=args.image_size, warmup_steps=args.warmup_steps,
@@ -50,7 +51,7 @@ def run_path(path: str, args: argparse.Namespace, data: str, gpus: int) -> tuple
         use_fp16=args.use_fp16, input_only=args.input_only,
     )  # fmt: skip
     apply_defaults(cfg, gpus)
-    cfg.max_msg_size = expected_message_size(cfg.batch, cfg.image_size)
+    cfg.max_msg_size = receive_cap(cfg.batch, cfg.image_size)
     folder = tempfile.mkdtemp(prefix="feedbench-check-")
     os.environ[SYNC_DEBUG_ENV] = "error"  # the ranks inherit it
     try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,10 +75,6 @@ class RankTimer:
             if before is not None:
                 self.waits[i] = before.elapsed_time(after) / 1e3
                 self.device_marks[i] = (None, None)
-
-    @staticmethod
-    def now() -> float:
-        return time.perf_counter()
 
     def figures(self) -> dict:
         """This rank's plain figures, small enough to gather from every rank."""
@@ -147,16 +142,9 @@ def combine(ranks: list[dict], batch: int, steps: int) -> dict:
             for p in per_rank
         ],
     }
-    straggler = None
-    if world > 1:
-        worst = max(per_rank, key=lambda p: p["input_wait_ms_mean"] or 0.0)
-        straggler = {
-            "rank": worst["rank"],
-            "host": worst["host"],
-            "input_wait_share": worst["input_wait_share"],
-            "input_wait_ms_mean": worst["input_wait_ms_mean"],
-            "why": "waits longest for its input; the other ranks wait for it in every gradient all-reduce",
-        }
+    from profiler.cluster_report import rank_straggler
+
+    straggler = rank_straggler(per_rank) if world > 1 else None
     return {
         "images_per_sec": total.to_dict(),
         "images_per_sec_per_device": total.scaled(1 / world).to_dict(),

@@ -17,7 +17,7 @@ from tensorpack.dataflow import DataFlow, DataFlowTerminated
 
 from consumers.expect import BatchSpec
 from consumers.zmq_pull import PullConsumer, ReceiveStopped, ReceiveTimeout
-from profiler.telemetry import producer_figures
+from profiler.telemetry import delivered_rows, producer_figures
 from tf_trainer.inputs.base import TFInputPath
 from wire.errors import WireError
 
@@ -127,19 +127,7 @@ class PythonPull(TFInputPath):
         if c is None or not c.tracker.producers or window is None:
             return super().producer_figures(window)
         w0, w1 = window
-        dt = w1["time"] - w0["time"]
-        rows = []
-        for pid, pc in sorted(c.tracker.producers.items()):
-            got = w1["received"].get(pid, 0) - w0["received"].get(pid, 0)
-            if dt > 0 and got > 0:
-                rows.append(
-                    {
-                        "producer": pid,
-                        "images_per_sec": got * self.cfg.batch / dt,
-                        "make_images_per_sec": float(pc.extras.get("make_images_per_sec", 0.0)),
-                        "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
-                    }
-                )
+        rows = delivered_rows(c.tracker.producers, w0["received"], self.cfg.batch, w1["time"] - w0["time"])
         return producer_figures(rows, self.cfg.batch, "consumer counts + native headers")
 
     def result_fields(self) -> dict:

@@ -103,20 +103,9 @@ def rank_producer_ids(producers: int, rank: int, world: int) -> list[int]:
 
 def producers_summary(tracker, batch: int, dt: float, before: dict[int, int]) -> dict | None:
     """Producer figures from the consumer's exact counts and the native headers' extras (as the TF paths)."""
-    from profiler.telemetry import producer_figures
+    from profiler.telemetry import delivered_rows, producer_figures
 
-    rows = []
-    for pid, pc in sorted(tracker.producers.items()):
-        got = pc.received - before.get(pid, 0)
-        if dt > 0 and got > 0:
-            rows.append(
-                {
-                    "producer": pid,
-                    "images_per_sec": got * batch / dt,
-                    "make_images_per_sec": float(pc.extras.get("make_images_per_sec", 0.0)),
-                    "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
-                }
-            )
+    rows = delivered_rows(tracker.producers, before, batch, dt)
     return producer_figures(rows, batch, "consumer counts + native headers")
 
 

@@ -1,0 +1,88 @@
+"""The report as data: one JSON document for every framework (docs/results.schema.json), and the files written.
+
+A run's document and a sweep's share their blocks: `framework`, `config`,
+`device`, `model`, `started`, and per grid point `paths`. `--json` writes
+a run's document; `--out` writes it (or a sweep's) with flat `rows` as
+results.json, .csv, .md and .png. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core import registry
+from core.config import BenchConfig
+from harness.plugin import Trainer
+
+
+def config_of(plugin: Trainer, cfg: BenchConfig) -> dict[str, Any]:
+    """The run's configuration as the report gives it: every BenchConfig field and the framework's."""
+    return {**cfg.to_dict(), "framework": plugin.framework, **plugin.config_fields()}
+
+
+def model_of(cfg: BenchConfig) -> dict[str, Any]:
+    """What the devices ran; an emulated device says so, with its rate and the rate's source (docs/emulated.md)."""
+    if cfg.model == "emulated":
+        return dict(cfg.emulation)
+    return {"emulated": False, "name": "ResNet-50", "version": cfg.resnet_version, "input_only": cfg.input_only}
+
+
+def run_document(plugin: Trainer, cfg: BenchConfig, results: dict[str, dict], started: float) -> dict[str, Any]:
+    """A run's document: its configuration, machine, model, the baseline, each path's result and capacity."""
+    base = results.get(registry.BASELINE, {})
+    config = config_of(plugin, cfg)
+    return {
+        "framework": plugin.framework,
+        "trainer": plugin.words,
+        "config": config,
+        "device": plugin.describe(),
+        "model": model_of(cfg),
+        "reference": {"baseline": registry.BASELINE, "baseline_images_per_sec": base.get("images_per_sec")},
+        "started": started,
+        "paths": results,
+        # Per path: the highest demand sustained at >= 97% of the baseline, with every probe tried.
+        "capacity": {p: r["capacity"] for p, r in results.items() if r.get("capacity")} or None,
+    }
+
+
+def sweep_document(
+    plugin: Trainer, grid: dict, runs: list[dict], started: float, model: str, image_size: int | None = None
+) -> dict[str, Any]:
+    """A sweep's document: the grid, and per point its configuration and paths, with flat rows."""
+    size = runs[0]["config"]["image_size"] if image_size is None else image_size
+    return {
+        "framework": plugin.framework,
+        "trainer": plugin.words,
+        "grid": dict(grid),
+        "device": plugin.describe(),
+        "started": started,
+        "title": f"{plugin.words}, {model}, {size}px",
+        "rows": rows(runs),
+        "runs": runs,
+    }
+
+
+def rows(runs: list[dict]) -> list[dict]:
+    """Flat rows, one per (grid point, path): results.csv and the plot."""
+    from profiler.sweep import rows_of
+
+    return rows_of(runs)
+
+
+def write_json(path: str, doc: dict) -> None:
+    """--json: the run's document, written atomically (OutputError on a full disk)."""
+    from profiler.report import write_json as write
+
+    write(path, doc)
+
+
+def write_out(out: str, framework: str, doc: dict, cfg: BenchConfig | None) -> list[str]:
+    """--out: results.{json,csv,md,png}, and capacity.png for a capacity run; all of them or none."""
+    from profiler.sweep import write_results
+
+    extra = {}
+    if cfg is not None and cfg.find_capacity:
+        from profiler.plot import capacity_png
+
+        extra["capacity.png"] = capacity_png(doc["paths"])
+    return write_results(out, doc, registry.names(framework), extra)

@@ -1,0 +1,217 @@
+"""One run of bench_input.py, whatever the framework: defaults, checks, the paths, the report, the files.
+
+The plugin (harness/plugin.py) trains; this module decides what is run
+(every path, a capacity search, a sweep, `make bench`'s two parts) and
+says what came out. Both trainers go through the same functions, so a
+figure, a line of the report and a field of the JSON mean the same thing
+for TensorFlow and PyTorch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from core.config import BenchConfig, apply_defaults
+from core.errors import ConfigError
+from harness.plugin import Trainer
+
+MEMORY_SHARE = 16  # a run keeps about this many batches in memory (queues, staging, producer pools)
+
+
+def model_words(cfg: BenchConfig, rates: list[float] | None = None) -> str:
+    """What the run trains: ResNet-50, or an emulated device labelled with its rate and the rate's source."""
+    if cfg.model == "emulated" and cfg.emulation:
+        from core.emulate import rate_text
+
+        e = cfg.emulation
+        rate = ", ".join(rate_text(r) for r in rates) if rates else rate_text(e["images_per_sec"])
+        return f"emulated {e['device']} ({rate} img/s per device) [source: {e['source']}]"
+    return f"ResNet-50 v{cfg.resnet_version}{' (input only)' if cfg.input_only else ''}"
+
+
+def check_machine(cfg: BenchConfig, gpus: int) -> None:
+    """Devices the machine has, and a batch it can hold (ConfigError)."""
+    import psutil
+
+    if gpus and cfg.num_gpus > gpus:
+        raise ConfigError(f"--num-gpus {cfg.num_gpus}: only {gpus} GPU(s) on this machine")
+    if not gpus and cfg.dali_device == "gpu":
+        raise ConfigError("--dali-device gpu: no GPU here; DALI decodes on the CPU (--dali-device cpu)")
+    if not gpus and cfg.num_gpus > (os.cpu_count() or 1):
+        raise ConfigError(
+            f"--num-gpus {cfg.num_gpus}: no GPU here, and towers on CPU are limited to the {os.cpu_count()} CPU cores"
+        )
+    batch_bytes = cfg.batch * cfg.image_size * cfg.image_size * 3
+    available = psutil.virtual_memory().available
+    if batch_bytes * MEMORY_SHARE > available:
+        raise ConfigError(
+            f"--image-size {cfg.image_size}: one batch of {cfg.batch} is {batch_bytes / 1e9:.1f} GB, and a run keeps "
+            f"about {MEMORY_SHARE} batches in memory; this machine has {available / 1e9:.1f} GB available"
+        )
+
+
+def prepare(plugin: Trainer, cfg: BenchConfig, gpus: int) -> list[str]:
+    """The machine's defaults (core.config, then the plugin's) applied to `cfg`, checked; the notes to print."""
+    notes = apply_defaults(cfg, gpus) + plugin.defaults(cfg, gpus)
+    check_machine(cfg, gpus)
+    plugin.check(cfg, gpus)
+    return notes
+
+
+def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None, out: str | None, bench: bool) -> int:
+    """bench_input.py after its flag checks: `cfg` as given, `base` before any defaults (a sweep's points)."""
+    gpus = plugin.gpu_count()
+    if grid is not None:
+        return sweep(plugin, base, grid, gpus, out or "results")
+    for note in prepare(plugin, cfg, gpus):
+        print(f"note: {note}")
+    started, results = run_paths(plugin, cfg, gpus, batch_given=base.batch is not None)
+    if results is None:
+        return 0  # another node of the run writes the report
+    report(plugin, cfg, results, out, started, gpus)
+    if bench and not gpus:
+        # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
+        # H100s each path would keep fed (docs/emulated.md).
+        cap = replace(base, model="emulated", emulate=base.emulate or "H100", find_capacity=True, shrunk={})
+        cap.batch = cap.image_size = cap.warmup_steps = cap.steps = cap.repeats = None
+        if cap.json_path:
+            cap.json_path = cap.json_path.removesuffix(".json") + "-capacity.json"
+        for note in prepare(plugin, cap, gpus):
+            print(f"note: {note}")
+        print()
+        started, results = run_paths(plugin, cap, gpus, batch_given=False)
+        report(plugin, cap, results, os.path.join(out, "capacity") if out else None, started, gpus)
+    return 0
+
+
+def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -> tuple[float, dict[str, dict] | None]:
+    """(start time, {path: result}): every chosen path in turn, or with --find-capacity each path's capacity.
+
+    `batch_given`: --batch was on the command line (a capacity probe keeps it; otherwise it follows the rate).
+    """
+    from core.registry import feeder_line
+
+    if cfg.find_capacity:
+        from runner.capacity import find_capacities
+
+        print(f"capacity: each path against {model_words(cfg)}; probes of a few seconds", flush=True)
+        if cfg.loader and (words := feeder_line(cfg, plugin.framework)):
+            print(words, flush=True)
+        started = time.time()
+        results, _ = find_capacities(cfg, lambda c, path: one_path(plugin, c, path), batch_given)
+        return started, results
+    print(plugin.header(cfg, model_words(cfg), gpus), flush=True)
+    if cfg.loader and (words := feeder_line(cfg, plugin.framework)):
+        print(words, flush=True)
+    if "dali" in cfg.paths or cfg.producer_kind == "dali":
+        print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
+    started = time.time()
+    return started, plugin.run(cfg)
+
+
+def one_path(plugin: Trainer, cfg: BenchConfig, path: str) -> dict:
+    """One path's result, run on its own (a capacity probe), without the per-path progress lines."""
+    results = plugin.run(replace(cfg, paths=[path], quiet=True))
+    if results is None:
+        raise ConfigError("--find-capacity runs on one machine (node 0 reports)")
+    return results[path]
+
+
+def each_path(cfg: BenchConfig, run_path: Callable[[BenchConfig, str], dict]) -> dict[str, dict]:
+    """Every path of `cfg` in turn through `run_path`, one line each as it finishes: a plugin's `run`."""
+    results: dict[str, dict] = {}
+    for path in cfg.paths:
+        t0 = time.perf_counter()
+        if not cfg.quiet:
+            print(f"- {path} ...", flush=True)
+        r = results[path] = run_path(cfg, path)
+        if not cfg.quiet:
+            print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return results
+
+
+def report(
+    plugin: Trainer, cfg: BenchConfig, results: dict[str, dict], out: str | None, started: float, gpus: int
+) -> None:
+    """The tables, the verdicts, and the files asked for (--out, --json): the same for every framework."""
+    from harness import document
+    from profiler import report as tables
+    from profiler.cluster_report import rank_lines
+    from profiler.verdict import verdicts_text
+
+    tables.add_ratios(results)
+    print()
+    if cfg.model == "emulated":
+        print(model_words(cfg))
+    print(tables.table(results, plugin.devices(cfg), cfg.input_only))
+    for line in rank_lines(results):
+        print(line)
+    if cfg.find_capacity:
+        from runner.capacity import table as capacity_table
+
+        print()
+        print(capacity_table(results))
+    if cfg.telemetry:
+        print()
+        print(verdicts_text(results))
+    if cfg.profile_dir:
+        print()
+        print(plugin.how_to_open(cfg.profile_dir))
+    doc = document.run_document(plugin, cfg, results, started)
+    if out:
+        files = document.write_out(
+            out, plugin.framework, {**doc, "rows": document.rows([{"config": doc["config"], "paths": results}])}, cfg
+        )
+        print("\n" + "\n".join(f"wrote {f}" for f in files))
+    if cfg.json_path:
+        document.write_json(cfg.json_path, doc)
+        print(f"\nwrote {cfg.json_path}")
+
+
+def sweep(plugin: Trainer, base: BenchConfig, grid: dict, gpus: int, out: str) -> int:
+    """--sweep: every grid point's paths, each point checked before the first starts; results.* in `out`."""
+    from tqdm import tqdm
+
+    from harness import document
+    from profiler import report as tables
+    from profiler.progress import interactive
+    from profiler.sweep import points
+    from profiler.verdict import add_verdicts
+
+    configs = points(base, grid)
+    notes = []
+    for point in configs:  # every grid point, before the first starts
+        notes.append(prepare(plugin, point, gpus))
+    for note in notes[0]:
+        print(f"note: {note}")
+    runs = []
+    started = time.time()
+    bar = tqdm(total=len(configs), desc="sweep", unit="point", disable=not interactive(), dynamic_ncols=True)
+    try:
+        for i, cfg in enumerate(configs, 1):
+            point = (
+                f"{cfg.num_gpus} device(s), batch {cfg.batch}, fp16 {'on' if cfg.use_fp16 else 'off'}, "
+                f"XLA {'on' if cfg.use_xla_compile else 'off'}"
+            )
+            print(f"[{i}/{len(configs)}] {point}: {plugin.header(cfg, model_words(cfg), gpus)}", flush=True)
+            results = plugin.run(cfg)
+            bar.update(1)
+            if results is None:
+                continue  # another node writes the report
+            tables.add_ratios(results)
+            if cfg.telemetry:
+                add_verdicts(results)
+            runs.append({"config": document.config_of(plugin, cfg), "paths": results})
+    finally:
+        bar.close()
+    if not runs:
+        return 0
+    doc = document.sweep_document(plugin, grid, runs, started, model_words(configs[0], grid.get("emulate_rate")))
+    files = document.write_out(out, plugin.framework, doc, None)
+    print()
+    print(open(os.path.join(out, "results.md")).read())
+    print("\n".join(f"wrote {f}" for f in files))
+    return 0
