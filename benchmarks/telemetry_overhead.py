@@ -14,7 +14,7 @@ import statistics
 import sys
 
 from core.cli_types import positive_int
-from core.config import BenchConfig, apply_defaults
+from core.config import BenchConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,12 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=positive_int, default=100)
     p.add_argument("--repeats", type=positive_int, default=7)
     p.add_argument("--resnet", action="store_true", help="train ResNet-50 instead of the input-only stand-in")
+    p.add_argument("--framework", choices=("tf", "torch"), default="tf", help="the trainer whose telemetry is measured")
     args = p.parse_args(argv)
 
-    from tf_trainer import devices
-    from tf_trainer.run import run_path
+    from harness import plugin
+    from harness.run import one_path, prepare
 
-    gpus = devices.gpu_count()
+    one_node = argparse.Namespace(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None)
+    trainer = plugin.load(args.framework, one_node)
+    gpus = trainer.gpu_count()
 
     def config(telemetry: bool) -> BenchConfig:
         cfg = BenchConfig(
@@ -46,14 +49,14 @@ def main(argv: list[str] | None = None) -> int:
             input_only=not args.resnet,
             telemetry=telemetry,
         )
-        apply_defaults(cfg, gpus)
+        prepare(trainer, cfg, gpus)
         return cfg
 
     rates: dict[bool, list[float]] = {True: [], False: []}
     p50: dict[bool, list[float]] = {True: [], False: []}
     for i in range(args.pairs):
         for telemetry in (i % 2 == 0, i % 2 != 0):  # alternate which goes first
-            r = run_path(config(telemetry), "gpu", has_gpu=gpus > 0)
+            r = one_path(trainer, config(telemetry), "gpu")
             rates[telemetry].append(r["images_per_sec"]["median"])
             p50[telemetry].append(r["step_time_ms"]["p50"])
             print(

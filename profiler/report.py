@@ -11,7 +11,7 @@ from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
 
-SCHEMA_VERSION = 1  # of every JSON feedbench writes (--json, --out, --sweep)
+SCHEMA_VERSION = 2  # of every JSON feedbench writes (--json, --out, --sweep); docs/results.schema.json
 
 
 def add_ratios(results: dict[str, dict]) -> None:

@@ -1,4 +1,4 @@
-"""`--sweep`: run every combination of paths, device counts, batch sizes, precision and XLA.
+"""`--sweep`: the grid of paths, device counts, batch sizes, precision and XLA, and the files it writes.
 
 The DLPerf way: one grid, each point measured like a single run (same
 warm-up, steps and repeats), every point's paths compared with the baseline
@@ -253,49 +253,3 @@ def write_results(
         **(extra or {}),
     }
     return write_all({os.path.join(out_dir, name): data for name, data in files.items()}, what=f"--out {out_dir}")
-
-
-def run_sweep(base: BenchConfig, grid: dict[str, list], gpus: int, out_dir: str, device: dict) -> dict:
-    """Run every grid point's paths, with one bar over the sweep and one per run; write the results."""
-    has_gpu = gpus > 0
-    from core import registry
-    from profiler import report
-    from tf_trainer.run import run_path
-
-    configs = points(base, grid)
-    total = sum(len(c.paths) for c in configs)
-    runs = []
-    started = time.time()
-    bar = tqdm(total=total, desc="sweep", unit="run", disable=not interactive(), position=0, dynamic_ncols=True)
-    try:
-        for i, cfg in enumerate(configs, 1):
-            notes = apply_defaults(cfg, gpus)
-            if i == 1:
-                for note in notes:
-                    print(f"note: {note}")
-            point = (
-                f"{cfg.num_gpus} device(s), batch {cfg.batch}, fp16 {'on' if cfg.use_fp16 else 'off'}, "
-                f"XLA {'on' if cfg.use_xla_compile else 'off'}"
-            )
-            print(f"[{i}/{len(configs)}] {point}", flush=True)
-            results: dict[str, dict] = {}
-            for path in cfg.paths:
-                bar.set_postfix_str(f"{path}, {point}")
-                results[path] = run_path(cfg, path, has_gpu)
-                print(f"  {path}: {results[path]['images_per_sec']['median']:.1f} images/s", flush=True)
-                bar.update(1)
-            report.add_ratios(results)
-            add_verdicts(results)
-            runs.append({"config": cfg.to_dict(), "paths": results})
-    finally:
-        bar.close()
-    doc = {
-        "grid": {k: v for k, v in grid.items()},
-        "device": device,
-        "started": started,
-        "title": f"{'input only' if base.input_only else 'ResNet-50'}, {configs[0].image_size}px",
-        "rows": rows_of(runs),
-        "runs": runs,
-    }
-    doc["files"] = write_results(out_dir, doc, registry.names("tf"))
-    return doc

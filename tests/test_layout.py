@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NEUTRAL = ("core", "wire", "producers", "consumers", "profiler", "runner", "benchmarks")
+NEUTRAL = ("core", "wire", "producers", "consumers", "profiler", "runner", "harness", "benchmarks")
 # Benchmarks of the TensorFlow op itself import TensorFlow by definition.
 FRAMEWORK_BENCHMARKS = {"benchmarks.bench_op"}
+# Checks that drive a framework's own code by design (a GPU self-check, a trainer's overhead), named here.
+FRAMEWORK_AWARE: set[str] = set()
 PACKAGES = (*NEUTRAL, "tf_trainer", "torch_trainer", "zmq_ops")
 
 
@@ -98,3 +100,18 @@ def imports_of_any(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
     return out
+
+
+FRAMEWORKS = ("tensorflow", "torch", "tensorpack", "tf_trainer", "torch_trainer")
+
+
+def test_no_neutral_module_imports_a_framework_even_inside_a_function():
+    """The harness drives both trainers through their plugins (loaded by name), never by importing them."""
+    bad = []
+    for m in modules(NEUTRAL):
+        if m in FRAMEWORK_BENCHMARKS or m in FRAMEWORK_AWARE:
+            continue
+        for n in imports_of_any(m):
+            if any(n == f or n.startswith(f + ".") for f in FRAMEWORKS):
+                bad.append(f"{m} imports {n}")
+    assert not bad, "\n".join(bad)

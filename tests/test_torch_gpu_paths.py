@@ -24,7 +24,7 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line_and_succeeds():
 
 def test_channels_last_is_the_default_on_cuda_with_float16_and_the_run_says_why_not_otherwise():
     from core.config import BenchConfig
-    from torch_trainer.run import channels_last_default
+    from torch_trainer.plugin import channels_last_default
 
     half = BenchConfig(use_fp16=True)
     assert "NHWC" in channels_last_default(half, gpus=1) and half.data_format == "NHWC"

@@ -68,7 +68,8 @@ def test_every_path_trains_two_ranks_with_finite_loss(every_path, path):
     assert r["images_per_sec_per_device"]["median"] == pytest.approx(r["images_per_sec"]["median"] / 2)
     tel = r["telemetry"]
     assert 0 <= tel["input_wait_share"] <= 1 and len(tel["per_rank"]) == 2
-    assert r["straggler"]["rank"] in (0, 1)
+    # The TensorFlow cluster's rule: a rank is named only when the others wait for it; always a reason.
+    assert r["straggler"]["rank"] in (0, 1, None) and r["straggler"]["why"]
 
 
 @pytest.mark.parametrize("path", sorted(PRODUCER_PATHS & set(PATHS)))
@@ -132,7 +133,7 @@ def test_two_machines_on_loopback(procs, tmp_path):
     "args, words",
     [
         (["--variable-update", "parameter_server"], ["--variable-update parameter_server", "DistributedDataParallel"]),
-        (["--profile", "/tmp/x"], ["--profile", "TensorFlow trace"]),
+        (["--transport", "shm"], ["--transport shm", "--endpoint shm://"]),
         (["--ps-device", "gpu"], ["--ps-device"]),
         (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2"]),
         (["--fake-location", "dali"], ["--fake-location dali needs --data"]),

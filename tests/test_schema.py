@@ -1,0 +1,76 @@
+"""One JSON schema for both trainers: real reports of every path, a sweep and a capacity run, validated.
+
+The schema (docs/results.schema.json) is the contract a user's scripts read;
+these runs are short but real (producers, sockets, the trainers' own loops).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from schema import SCHEMA, check_report
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--input-only", "--batch", "4", "--image-size", "32", "--warmup-steps", "1", "--steps", "3", "--repeats", "2"]
+
+
+def bench(tmp_path: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench_input.py"), *args], cwd=tmp_path, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def test_the_schema_is_itself_valid_and_versioned():
+    import jsonschema
+
+    from profiler.report import SCHEMA_VERSION
+
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    assert SCHEMA["properties"]["schema_version"]["const"] == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("framework", ["tf", "torch"])
+def test_every_default_path_of_each_trainer_matches_the_schema(tmp_path, framework):
+    bench(tmp_path, "--framework", framework, *SMALL, "--json", "run.json")
+    doc = json.loads((tmp_path / "run.json").read_text())
+    check_report(doc)
+    assert doc["framework"] == framework and doc["config"]["framework"] == framework
+    assert set(doc["paths"]) == {"gpu", "cpu", "python-queue", "python-dataset", "zmq-consume"}
+    for name, r in doc["paths"].items():
+        assert r["input"]["name"] == name  # the same fields, meaning the same thing, in both trainers
+        assert r["schedule"]["timed_windows"] == 2 and r["schedule"]["timed_steps_per_window"] == 3
+        assert r["batch"] == 4 and r["bytes_per_image"] == 32 * 32 * 3 + 4
+    assert doc["model"] == {"emulated": False, "name": "ResNet-50", "version": "1.5", "input_only": True}
+
+
+def test_a_sweep_matches_the_schema(tmp_path):
+    bench(tmp_path, "--sweep", "--fake-location", "zmq-consume", *SMALL[:1], "--batch", "2,4", *SMALL[3:],
+          "--out", "out")  # fmt: skip
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    check_report(doc)
+    assert [(r["path"], r["batch"]) for r in doc["rows"]] == [("gpu", 2), ("zmq-consume", 2), ("gpu", 4),
+                                                              ("zmq-consume", 4)]  # fmt: skip
+
+
+def test_a_torch_capacity_run_against_emulated_h100s_matches_the_schema(tmp_path):
+    """--framework torch --find-capacity --emulate H100, end to end: each path's capacity, labelled as emulated."""
+    p = bench(tmp_path, "--framework", "torch", "--find-capacity", "--emulate", "H100", "--fake-location",
+              "zmq-consume", "--num-gpus", "1", "--image-size", "32", "--json", "cap.json", "--out", "out")  # fmt: skip
+    doc = json.loads((tmp_path / "cap.json").read_text())
+    check_report(doc)
+    assert doc["framework"] == "torch" and doc["model"]["emulated"] is True and doc["model"]["device"] == "H100"
+    cap = doc["capacity"]
+    assert set(cap) == {"gpu", "zmq-consume"}
+    assert cap["zmq-consume"]["probes"], "the search probed the path"
+    assert cap["zmq-consume"]["device"] == "H100" and cap["zmq-consume"]["device_images_per_sec"] == 7000
+    assert "emulated H100" in p.stdout and "capacity img/s" in p.stdout
+    assert (tmp_path / "out" / "capacity.png").stat().st_size > 0
+    check_report(json.loads((tmp_path / "out" / "results.json").read_text()))
