@@ -3,6 +3,9 @@
 `pip install --no-build-isolation -e .` also builds the zmq_ops TensorFlow op
 against the TensorFlow already installed (that is why build isolation is off:
 the op must link against the very TensorFlow that will load it).
+`pip install --no-build-isolation .` (not editable) installs a copy that runs on its
+own (tests/test_install.py checks it); the TF-free receiver and the emulated device's
+op are compiled on first use beside the installed sources, as in a checkout.
 """
 
 from __future__ import annotations
