@@ -3,6 +3,9 @@
 `pip install --no-build-isolation -e .` also builds the zmq_ops TensorFlow op
 against the TensorFlow already installed (that is why build isolation is off:
 the op must link against the very TensorFlow that will load it).
+`pip install --no-build-isolation .` (not editable) installs a copy that runs on its
+own (tests/test_install.py checks it); the TF-free receiver and the emulated device's
+op are compiled on first use beside the installed sources, as in a checkout.
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ import shutil
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 TF_VERSION = "2.21.0"
+
+# Every folder with an __init__.py is a package that ships, except these (they run from a checkout only).
+NOT_SHIPPED = [f"{top}{sub}" for top in ("tests", "examples", "scripts", "docs", "build") for sub in ("", ".*")]
+# Files beside the Python modules that the installed code reads: the native sources it compiles on the
+# user's machine (zmq_ops/src, the emulated device's op, runner/native/bind_host.c) and JSON data.
+PACKAGE_DATA = ["**/*.c", "**/*.cc", "**/*.h", "**/*.json"]
 
 
 def _installed(dist: str) -> bool:
@@ -62,21 +71,9 @@ setup(
     version="0.1.0",
     description="Benchmark and profiler for the input pipelines that feed deep-learning training",
     python_requires=">=3.11",
-    packages=[
-        "core",
-        "wire",
-        "producers",
-        "consumers",
-        "runner",
-        "tf_trainer",
-        "tf_trainer.inputs",
-        "tf_trainer.models",
-        "zmq_ops",
-        "profiler",
-        "benchmarks",
-    ],
+    packages=find_packages(exclude=NOT_SHIPPED),
     py_modules=["bench_input"],
-    package_data={"wire": ["vectors.json"], "zmq_ops": ["src/*.cc", "src/*.h"]},
+    package_data={"": PACKAGE_DATA},
     ext_modules=[Extension("zmq_ops._zmq_ops", sources=[])],
     cmdclass={"build_ext": BuildZmqOps},
     install_requires=[

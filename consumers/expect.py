@@ -64,9 +64,3 @@ class BatchSpec:
             return None
         same_kinds = [d for d, _ in got] == [d for d, _ in self.tensors]
         return f"is {describe(got)}; the run expects {self}" + (f"; {SAME_FLAGS}" if same_kinds else "")
-
-
-def batch_source(endpoint: str, producer_id: int | None) -> str:
-    """`batch from ipc://... (producer 3)`, the producer named when its header said which."""
-    who = f" (producer {producer_id})" if producer_id is not None else ""
-    return f"batch from {endpoint}{who}"

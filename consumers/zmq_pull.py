@@ -51,7 +51,6 @@ class PullConsumer:
         curve_keys: str | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self._bind = bind
         self.recv_timeout = recv_timeout
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PULL)

@@ -118,8 +118,14 @@ def get(framework: str, name: str) -> type[InputPath]:
     return paths[name]
 
 
-def names(framework: str, default_run_only: bool = False) -> list[str]:
-    return [n for n, c in load(framework).items() if c.in_default_run or not default_run_only]
+def names(framework: str) -> list[str]:
+    """Every path of `framework`, in table order."""
+    return list(load(framework))
+
+
+def default_run(framework: str) -> list[str]:
+    """The paths a run compares when no --fake-location picks one (`in_default_run`), in table order."""
+    return [n for n, c in load(framework).items() if c.in_default_run]
 
 
 def feeder_line(cfg: Any, framework: str) -> str | None:

@@ -23,9 +23,8 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoint", required=True, help="ZMQ endpoint, e.g. ipc:///tmp/feed or tcp://127.0.0.1:5555")
     g.add_argument("--bind", action="store_true", help="bind the endpoint (default: connect; the consumer binds)")
     g.add_argument(
-        "--wire-format", "--format", dest="format", choices=FORMATS, default="native",
-        help="wire format (default: native; --format is the older spelling)",
-    )  # fmt: skip
+        "--wire-format", dest="format", choices=FORMATS, default="native", help="wire format (default: native)"
+    )
     g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ send high-water mark, in batches")
     g.add_argument("--workers", type=positive_int, default=1, help="worker processes")
     g.add_argument("--count", type=positive_int, default=None, help="total batches to send (default: until stopped)")

@@ -1,4 +1,4 @@
-"""Run orchestration shared by every trainer: the run's producer processes and its clean stop on signals.
+"""What runs around a trainer, for both frameworks: producers, signals, memory, capacity, loader sweeps, clusters.
 
-Imports neither TensorFlow nor PyTorch.
+Imports neither TensorFlow nor PyTorch (docs/layout.md names each file).
 """

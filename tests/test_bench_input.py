@@ -18,7 +18,7 @@ from tf_trainer.tf_env import tf
 
 tf = tf()
 pytestmark = pytest.mark.timeout(300)
-PATHS = registry.names("tf", default_run_only=True)
+PATHS = registry.default_run("tf")
 
 
 def small(**kw) -> BenchConfig:

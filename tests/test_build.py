@@ -15,7 +15,7 @@ from tf_trainer.run import build
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize("path", registry.names("tf", default_run_only=True))
+@pytest.mark.parametrize("path", registry.default_run("tf"))
 def test_build_puts_each_tower_on_its_own_device_and_binds_nothing(path, ipc_dir):
     cfg = BenchConfig(batch=2, image_size=32, input_only=True, producers=1)
     apply_defaults(cfg, gpus=0)

@@ -23,7 +23,7 @@ def test_producer_delivers_exactly_count_batches(procs, ipc_dir, fmt):
     endpoint = f"ipc://{ipc_dir}/feed"
     with PullConsumer(endpoint, recv_timeout=30) as c:
         p = procs.producer(
-            endpoint, "--format", fmt, "--count", "12", "--batch", "4", "--image-size", "16", "--workers", "2"
+            endpoint, "--wire-format", fmt, "--count", "12", "--batch", "4", "--image-size", "16", "--workers", "2"
         )
         batches = [c.recv() for _ in range(12)]
         with pytest.raises(ReceiveTimeout, match="feed"):

@@ -144,7 +144,7 @@ def test_bad_shm_names_are_one_line(procs) -> None:
     assert "NAME must be 1-64 characters" in p.stderr.read()
     with pytest.raises(ValueError, match="NAME must be"):
         Receiver("shm://" + "x" * 65, SPECS, ring(1))
-    p = procs.producer("shm://ok-name", *SMALL, "--format", "zmq_ops")
+    p = procs.producer("shm://ok-name", *SMALL, "--wire-format", "zmq_ops")
     assert p.wait(30) != 0
     assert "native format only" in p.stderr.read()
 

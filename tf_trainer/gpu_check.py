@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     n = min(a.num_gpus or gpus, gpus)
     results, bad = [], 0
-    for path in registry.names("tf", default_run_only=True):
+    for path in registry.default_run("tf"):
         for update in UPDATES:
             r = check_path(path, n, update)
             results.append(r)
