@@ -15,17 +15,13 @@ import io
 import itertools
 import json
 import os
-import time
 from dataclasses import replace
 
 from tabulate import tabulate
-from tqdm import tqdm
 
 from core.atomic import write_all
-from core.config import BASELINE, BenchConfig, apply_defaults
-from profiler.progress import interactive
+from core.config import BASELINE, BenchConfig
 from profiler.report import SCHEMA_VERSION
-from profiler.verdict import add_verdicts
 
 # Flags that take comma-separated lists under --sweep, and their BenchConfig fields.
 SWEEP_FLAGS = {

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from schema import SCHEMA, check_report
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,9 +36,9 @@ def jpegs(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def every_path(jpegs, tmp_path_factory) -> dict:
     """One torchrun launch, two CPU ranks (gloo), training every PyTorch path in turn."""
+    from consumers.expect import receive_cap
     from core.config import BenchConfig, apply_defaults
     from torch_trainer.launch import Nodes, launch
-    from consumers.expect import receive_cap
 
     cfg = BenchConfig(
         paths=[p for p in PATHS if p != "spdl" or importlib.util.find_spec("spdl")],
