@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LISTED = ("runner", "profiler")  # folders whose bullet in "The rest" names each file
+LISTED = ("runner", "profiler", "harness")  # folders whose bullet in "The rest" names each file
 
 
 def section(text: str, folder: str) -> str:
@@ -26,6 +26,6 @@ def test_layout_names_every_file_of(folder):
         for f in (ROOT / folder).rglob("*")
         if f.is_file() and "__pycache__" not in f.parts and f.suffix in {".py", ".c", ".cc", ".h", ".json"}
     )
-    assert len(files) > 5
+    assert len(files) >= 4  # a folder that holds none would be a typo in LISTED
     missing = [f for f in files if f"`{f}`" not in text]
     assert not missing, f"docs/layout.md's {folder}/ bullet does not name {missing}"
