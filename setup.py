@@ -92,7 +92,14 @@ setup(
         "opencv-python-headless>=4.11",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "hypothesis>=6.100", "ruff>=0.5", "jsonschema>=4.20"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "pytest-xdist>=3.6",
+            "hypothesis>=6.100",
+            "ruff>=0.5",
+            "jsonschema>=4.20",
+        ],
         # The TF plugin compiles against the installed TensorFlow: install with --no-build-isolation.
         "dali": ["nvidia-dali-cuda120>=2.0", "nvidia-dali-tf-plugin-cuda120>=2.0"],
     },
