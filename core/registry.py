@@ -165,6 +165,11 @@ LIMITS = (
     ),
     Limit("torch", lambda a: bool(a.local_cluster), _DISTRIBUTED),
     Limit("torch", lambda a: a.variable_update.startswith("distributed_"), _DISTRIBUTED),
+    Limit(
+        "torch",
+        lambda a: a.nnodes > 1 and (a.find_capacity or a.bench),
+        "--find-capacity with --nnodes > 1: a capacity search probes one machine; drop --nnodes",
+    ),
     Limit("tf", lambda a: a.nnodes > 1, "--nnodes: several machines need --framework torch (torchrun)"),
 )
 

@@ -116,7 +116,7 @@ def one_path(plugin: Trainer, cfg: BenchConfig, path: str) -> dict:
     """One path's result, run on its own (a capacity probe), without the per-path progress lines."""
     results = plugin.run(replace(cfg, paths=[path], quiet=True))
     if results is None:
-        raise ConfigError("--find-capacity runs on one machine (node 0 reports)")
+        raise ConfigError("a capacity probe ran on several machines (core/registry.py LIMITS refuses that)")
     return results[path]
 
 
