@@ -46,8 +46,6 @@ def refuse(cfg: BenchConfig, args: argparse.Namespace) -> None:
         raise ConfigError("--variable-update horovod: --framework torch uses torchrun and DistributedDataParallel")
     if cfg.ps_device != "cpu":
         raise ConfigError("--ps-device: there is no parameter server with --framework torch")
-    if cfg.profile_dir:
-        raise ConfigError("--profile writes a TensorFlow trace; it is not available with --framework torch")
     if cfg.transport != "ipc":
         raise ConfigError(
             "--transport shm: the PyTorch ranks' own producers use ipc; start shm producers yourself and give --endpoint shm://NAME"
@@ -413,6 +411,23 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     # DDP's gradients are views of its buckets: zero them in place, or every step re-creates them as copies.
     bucket_views = ctx.world > 1 and not cfg.input_only
     sync_debug = os.environ.get(SYNC_DEBUG_ENV) if cuda else None  # python -m torch_trainer.gpu_check
+
+    def train_step(x, labels):
+        """Forward, backward and the optimizer's step on one normalized batch; the loss."""
+        with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            out = model(x)
+        stand_in = cfg.input_only or cfg.model == "emulated"  # no classifier: a scalar to train
+        loss = out.float().mean() if stand_in else F.cross_entropy(out.float(), labels)
+        opt.zero_grad(set_to_none=not bucket_views)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        return loss
+
     try:
         path.open(ctx)
         for step in range(timer.needed):
@@ -425,19 +440,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
             images, labels = path.next()
             after = timer.mark(cuda)  # done when the batch is there too: the device waited in between
             t1 = time.perf_counter()
-            x = normalize(images, channels_last)
-            with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                out = model(x)
-            stand_in = cfg.input_only or cfg.model == "emulated"  # no classifier: a scalar to train
-            loss = out.float().mean() if stand_in else F.cross_entropy(out.float(), labels)
-            opt.zero_grad(set_to_none=not bucket_views)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
+            loss = train_step(normalize(images, channels_last), labels)
             timer.losses.append(loss.detach())
             if timer.window_end(step):
                 with allowed_sync(sync_debug):
@@ -463,6 +466,13 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
         figures.update(path.accounting())
         figures["decoded_on"] = getattr(path, "decoded_on", None)  # where DALI decoded, for the dali paths
         figures["batches_trained"] = timer.needed
+        if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them
+            from torch_trainer.tracing import ProfileSteps
+
+            profiled = ProfileSteps(cfg.profile_dir, name, ctx.rank, ctx.device)
+            written = profiled.run(path.next, lambda im: normalize(im, channels_last), train_step, path.check)
+            if ctx.rank == 0 and written:
+                print(f"  profile: {written[0]}{' (and one per rank)' if ctx.world > 1 else ''}", flush=True)
     except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
         # A producer that died, a receive that timed out, a batch of the wrong shape: one line
         # naming the path and its endpoint (ValueError: the wire's and the receiver's batch errors).
