@@ -66,7 +66,7 @@ class BenchConfig:
     producer_busy_wait: bool = False  # producers spin while the consumer has no room (a polling loader)
     producer_cpu_ms: float | None = None  # synthetic producers spend this CPU time per batch (a CPU-hungry loader)
     producer_rate: float | None = None  # cap each producer worker at this many images/s (a slow loader)
-    profile_dir: str | None = None  # --profile: TensorFlow profiler trace + Chrome timeline per path
+    profile_dir: str | None = None  # --profile: a trace of a few untimed steps per path (TensorFlow or torch.profiler)
     shrunk: dict[str, tuple] = field(default_factory=dict)
     quiet: bool = False  # no per-path progress lines (a capacity probe)
 

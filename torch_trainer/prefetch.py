@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from torch_trainer.tracing import stage
+
 _END = object()
 
 
@@ -47,8 +49,10 @@ class Prefetcher:
         timeout: float | None = None,
         name: str = "prefetch",
         check: Callable[[], None] | None = None,
+        source_stage: str = "feedbench.source",
     ) -> None:
         self.device = device
+        self.source_stage = source_stage  # its range in a --profile trace (torch_trainer/tracing.py)
         self.check = check  # called while the step waits: raises if the source can no longer deliver
         self.cuda = device.type == "cuda"
         self.depth = depth
@@ -81,17 +85,21 @@ class Prefetcher:
             if self.cuda:
                 torch.cuda.set_device(self.device)
             k = 0
-            for arrays in self._source():
-                if self._stop.is_set():
+            source = iter(self._source())
+            while True:
+                with stage(self.source_stage):
+                    arrays = next(source, _END)
+                if arrays is _END or self._stop.is_set():
                     return
                 i = k % len(self._ring)
                 if self.cuda and self._ring_events[i] is not None:
                     self._ring_events[i].synchronize()  # the last copy out of this buffer is done
-                host = self._host_slot(i, arrays)
-                for t, a in zip(host, arrays):
-                    t.copy_(as_tensor(a))
+                with stage("feedbench.host_copy"):
+                    host = self._host_slot(i, arrays)
+                    for t, a in zip(host, arrays):
+                        t.copy_(as_tensor(a))
                 if self.cuda:
-                    with torch.cuda.stream(self.stream):
+                    with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
                         out = [t.to(self.device, non_blocking=True) for t in host]
                         ev = torch.cuda.Event()
                         ev.record(self.stream)
@@ -119,18 +127,8 @@ class Prefetcher:
         """The next batch on the device, ready for the current stream to use."""
         self.queue_sizes.append(self._queue.qsize())
         t0 = time.perf_counter()
-        while True:
-            try:
-                item = self._queue.get(timeout=0.5)
-                break
-            except queue.Empty:
-                if self.check is not None:
-                    self.check()  # a producer that died: say so now, not after the receive timeout
-                if self._error is not None or not self._thread.is_alive():
-                    item = _END
-                    break
-                if self.timeout is not None and time.perf_counter() - t0 > self.timeout:
-                    raise TimeoutError(f"no batch within {self.timeout:g} s") from None
+        with stage("feedbench.wait"):
+            item = self._take(t0)
         if item is _END:
             if self._error is not None:
                 raise self._error
@@ -143,6 +141,18 @@ class Prefetcher:
                 t.record_stream(current)  # allocated on the side stream, used on this one
         self.batches += 1
         return tensors
+
+    def _take(self, t0: float):
+        while True:
+            try:
+                return self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self.check is not None:
+                    self.check()  # a producer that died: say so now, not after the receive timeout
+                if self._error is not None or not self._thread.is_alive():
+                    return _END
+                if self.timeout is not None and time.perf_counter() - t0 > self.timeout:
+                    raise TimeoutError(f"no batch within {self.timeout:g} s") from None
 
     def stopped(self) -> bool:
         """True once `close` has been called: a source polls this between receives."""
@@ -177,7 +187,7 @@ class SideCopy:
         self.stream = torch.cuda.Stream(device)
 
     def start(self, host: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event]:
-        with torch.cuda.stream(self.stream):
+        with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
             out = [t.to(self.device, non_blocking=True) for t in host]
             ev = torch.cuda.Event()
             ev.record(self.stream)

@@ -81,6 +81,27 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     # DDP's gradients are views of its buckets: zero them in place, or every step re-creates them as copies.
     bucket_views = ctx.world > 1 and not cfg.input_only
     sync_debug = os.environ.get(SYNC_DEBUG_ENV) if cuda else None  # python -m torch_trainer.gpu_check
+
+    def prepared(images):
+        # An emulated device's rate includes all of its work: the host does not normalize for it.
+        return images if cfg.model == "emulated" else normalize(images, channels_last)
+
+    def train_step(x, labels):
+        """Forward, backward and the optimizer's step on one normalized batch; the loss."""
+        with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            out = model(x)
+        stand_in = cfg.input_only or cfg.model == "emulated"  # no classifier: a scalar to train
+        loss = out.float().mean() if stand_in else F.cross_entropy(out.float(), labels)
+        opt.zero_grad(set_to_none=not bucket_views)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        return loss
+
     try:
         path.open(ctx)
         for step in range(timer.needed):
@@ -93,20 +114,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
             images, labels = path.next()
             after = timer.mark(cuda)  # done when the batch is there too: the device waited in between
             t1 = time.perf_counter()
-            # An emulated device's rate includes all of its work: the host does not normalize for it.
-            x = images if cfg.model == "emulated" else normalize(images, channels_last)
-            with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                out = model(x)
-            stand_in = cfg.input_only or cfg.model == "emulated"  # no classifier: a scalar to train
-            loss = out.float().mean() if stand_in else F.cross_entropy(out.float(), labels)
-            opt.zero_grad(set_to_none=not bucket_views)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
+            loss = train_step(prepared(images), labels)
             timer.losses.append(loss.detach())
             if timer.window_end(step):
                 with allowed_sync(sync_debug):
@@ -133,6 +141,13 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
         figures["decoded_on"] = getattr(path, "decoded_on", None)  # where DALI decoded, for the dali paths
         figures["batches_trained"] = timer.needed
         figures["amp"] = str(amp).replace("torch.", "") if amp is not None else None
+        if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them
+            from torch_trainer.tracing import ProfileSteps
+
+            profiled = ProfileSteps(cfg.profile_dir, name, ctx.rank, ctx.device)
+            written = profiled.run(path.next, prepared, train_step, path.check)
+            if ctx.rank == 0 and written:
+                print(f"  profile: {written[0]}{' (and one per rank)' if ctx.world > 1 else ''}", flush=True)
     except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
         # A producer that died, a receive that timed out, a batch of the wrong shape: one line
         # naming the path and its endpoint (ValueError: the wire's and the receiver's batch errors).
@@ -189,6 +204,7 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
     from core import registry
     from profiler.telemetry import add_common_fields, merge_rank_stages
     from torch_trainer.measure import combine
+    from torch_trainer.tracing import PROFILED_STEPS
 
     result = combine(ranks, cfg.batch, cfg.steps)
     result["amp"] = ranks[0]["amp"]
@@ -198,8 +214,8 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
         "timed_steps_per_window": cfg.steps,
         "telemetry_steps_per_window": 0,  # every timed step is sampled (two clock reads, or CUDA events)
         "settle_steps_per_window": 0,
-        "profile_steps": 0,
-        "untimed_steps": 0,
+        "profile_steps": PROFILED_STEPS if cfg.profile_dir else 0,  # after the last window (tracing.py)
+        "untimed_steps": PROFILED_STEPS if cfg.profile_dir else 0,
     }
     if any("producers" in r for r in ranks):
         result["producers"] = [{"rank": r["rank"], **row} for r in ranks for row in r.get("producers", [])]

@@ -15,6 +15,7 @@ import torch
 
 from core.registry import register
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
+from torch_trainer.tracing import stage
 
 RING = 4  # host buffers: the step's copy may still be reading the last few
 
@@ -45,13 +46,15 @@ class HostRandom(TorchInputPath):
         if self.copied[i] is not None:
             self.copied[i].synchronize()  # this buffer's last copy is done (queued RING steps ago)
         images, labels = self.ring[i]
-        torch.randint(0, 256, images.shape, generator=self.g, out=images)
-        torch.randint(0, 1000, labels.shape, generator=self.g, out=labels)
+        with stage("feedbench.generate"):
+            torch.randint(0, 256, images.shape, generator=self.g, out=images)
+            torch.randint(0, 1000, labels.shape, generator=self.g, out=labels)
         if not self.cuda:
             return images, labels_of(labels)
         dev = self.ctx.device
-        out = images.to(dev, non_blocking=True), labels.to(dev, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record()
+        with stage("feedbench.copy_to_device"):
+            out = images.to(dev, non_blocking=True), labels.to(dev, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
         self.copied[i] = ev
         return out[0], labels_of(out[1])

@@ -19,6 +19,7 @@ import torch
 from core.errors import ConfigError
 from core.registry import register
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
+from torch_trainer.tracing import stage
 
 
 @register
@@ -77,21 +78,27 @@ class Dali(TorchInputPath):
         self.batches = 0
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            out = next(self._it)
-        except StopIteration:  # end of the shard: auto_reset starts the next epoch
-            self._it = iter(self.iterator)
-            out = next(self._it)
+        with stage("feedbench.decode"):  # DALI's pipeline: read, decode, crop, flip
+            try:
+                out = next(self._it)
+            except StopIteration:  # end of the shard: auto_reset starts the next epoch
+                self._it = iter(self.iterator)
+                out = next(self._it)
         self.batches += 1
         return out[0]["images"], out[0]["labels"]
+
+    def _pinned(self) -> list[torch.Tensor]:
+        batch = self._run()
+        with stage("feedbench.host_copy"):
+            return [t.pin_memory() for t in batch]
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.ctx.device
         if self.copier is not None:  # decoded on the CPU for a GPU: pinned, then a side-stream copy
             if self._ready is None:
-                self._ready = self.copier.start([t.pin_memory() for t in self._run()])
+                self._ready = self.copier.start(self._pinned())
             images, labels = self.copier.hand_over(self._ready)
-            self._ready = self.copier.start([t.pin_memory() for t in self._run()])
+            self._ready = self.copier.start(self._pinned())
             return images, labels_of(labels)
         images, labels = self._run()  # on the GPU (mixed) already, or all on the CPU
         # Labels stay on the host in a mixed pipeline: 4 bytes an image, widened on the device.

@@ -32,6 +32,7 @@ from core.registry import register
 from producers.loader import worker_seed
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
 from torch_trainer.prefetch import Prefetcher
+from torch_trainer.tracing import stage
 
 
 @register
@@ -83,20 +84,22 @@ class UserLoader(TorchInputPath):
             it = batches(spec, cfg.batch, cfg.batch, cfg.image_size, seed, ctx.rank, ctx.world, cfg.loader_timeout)
             return ([images, labels] for images, labels in it)
 
-        self.feeder = Prefetcher(source, ctx.device, depth=2, name="loader")
+        self.feeder = Prefetcher(source, ctx.device, depth=2, name="loader", source_stage="feedbench.load")
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.feeder is not None:
             images, labels = self.feeder.next()
             return images, labels_of(labels)
-        pair = _pair(next(self.it))
+        with stage("feedbench.load"):
+            pair = _pair(next(self.it))
         if pair is None or not all(isinstance(t, torch.Tensor) for t in pair):
             raise LoaderError(f"loader {self.cfg.loader}: its DataLoader yields no (images, labels) tensors")
         images, labels = pair
         self.batcher.check(images.numpy(), np.asarray(labels.numpy()))  # views: nothing copied
         self.batcher.count += 1
         dev = self.ctx.device
-        return images.to(dev, non_blocking=True), labels_of(labels).to(dev, non_blocking=True)
+        with stage("feedbench.copy_to_device"):
+            return images.to(dev, non_blocking=True), labels_of(labels).to(dev, non_blocking=True)
 
     def close(self) -> None:
         if self.feeder is not None:

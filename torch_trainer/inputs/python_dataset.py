@@ -29,6 +29,7 @@ from torch_trainer.inputs.base import (
     rank_producer_ids,
 )
 from torch_trainer.prefetch import SideCopy, as_tensor
+from torch_trainer.tracing import stage
 
 
 class PullDataset(IterableDataset):
@@ -112,7 +113,8 @@ class PythonDataset(ProducerFed):
     def _pull(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The loader's next batch, in pinned host memory on a GPU machine; counted by producer."""
         try:
-            images, labels, ident = next(self.loader_iter)
+            with stage("feedbench.wait"):  # for the loader workers, which receive in processes of their own
+                images, labels, ident = next(self.loader_iter)
         except (RuntimeError, OSError):  # workers stopped because a producer died (mid-read: a reset pipe): name it
             self.check()
             raise

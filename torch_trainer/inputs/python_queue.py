@@ -82,6 +82,7 @@ class PythonQueue(ProducerFed):
             depth=self.depth,
             name="python-queue",
             check=self.check,
+            source_stage="feedbench.receive",  # off the wire, in the feeding thread
         )
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ from core.errors import ConfigError
 from core.registry import register
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
 from torch_trainer.prefetch import Prefetcher
+from torch_trainer.tracing import stage
 
 
 @register
@@ -66,7 +67,8 @@ class Spdl(TorchInputPath):
 
         def load(i: int) -> tuple[np.ndarray, int]:
             out = np.empty((size, size, 3), np.uint8)
-            decode((root / files[i]).read_bytes(), random.Random(i), out)
+            with stage("feedbench.decode"):  # on SPDL's thread pool
+                decode((root / files[i]).read_bytes(), random.Random(i), out)
             return out, labels[i]
 
         def collate(items: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
@@ -85,7 +87,8 @@ class Spdl(TorchInputPath):
         self.pipeline.start()
         pipeline = self.pipeline
         self.feeder = Prefetcher(
-            lambda: pipeline.get_iterator(timeout=cfg.recv_timeout), ctx.device, depth=2, name="spdl"
+            lambda: pipeline.get_iterator(timeout=cfg.recv_timeout), ctx.device, depth=2, name="spdl",
+            source_stage="feedbench.load",
         )  # fmt: skip
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ import torch
 from core.errors import ConfigError, InputError
 from core.registry import register
 from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of
+from torch_trainer.tracing import stage
 
 POLL_S = 0.2  # the step checks the producers this often while it waits for a batch
 SLOTS = 4  # pinned buffers in the ring: one the step uses, one being copied, the rest filled ahead
@@ -83,6 +84,10 @@ class ZmqConsume(ProducerFed):
 
     def _take(self) -> int:
         """The next filled slot, waiting in short slices so a producer that died is reported at once."""
+        with stage("feedbench.wait"):  # for the native receive threads (C++: not in the trace)
+            return self._wait_slot()
+
+    def _wait_slot(self) -> int:
         waited, timeout = 0.0, self.cfg.recv_timeout
         while True:
             wait = min(POLL_S, max(0.001, timeout - waited))
@@ -102,7 +107,7 @@ class ZmqConsume(ProducerFed):
             ev.synchronize()
             self.receiver.release(held)
         slot = self._take()
-        with torch.cuda.stream(self.stream):
+        with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
             dev = [t.to(self.ctx.device, non_blocking=True) for t in self.slots[slot]]
             ev = torch.cuda.Event()
             ev.record(self.stream)
