@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import platform
-
 from core import gpus as nvidia
 from core.errors import ConfigError
+from core.machine import host_fields
 from tf_trainer.tf_env import tf
 
 # How to get the TensorFlow that can use this machine's GPUs (scripts/setup_env.sh, docs/gpu.md).
@@ -48,13 +46,7 @@ def describe() -> dict:
             names.append(t.config.experimental.get_device_details(g).get("device_name", g.name))
         except Exception:
             names.append(g.name)
-    return {
-        "gpus": names,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_cores": os.cpu_count(),
-        "tensorflow": t.__version__,
-        "python": platform.python_version(),
-    }
+    return {"gpus": names, **host_fields(), "tensorflow": t.__version__}
 
 
 def session_config(num_towers: int, has_gpu: bool):

@@ -10,15 +10,13 @@ combines every rank's figures into one result per path).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import socket
 import tempfile
 from typing import Any
 
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
 from core.gpus import unseen_gpus
+from core.machine import host_fields
 from torch_trainer.launch import Nodes
 
 # How to get a torch that sees the GPUs: PyPI's Linux wheels are CUDA builds (scripts/setup_env.sh).
@@ -104,15 +102,7 @@ def describe_machine(torch_mod, bandwidth: bool = False) -> dict:
 
         # The ceiling of every path that copies batches to the device (about 2 s to measure).
         extra["h2d_gbps"] = {"pinned": copy_gbps(256_000_000, True), "pageable": copy_gbps(256_000_000, False)}
-    return {
-        **extra,
-        "gpus": gpus,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_cores": os.cpu_count(),
-        "torch": torch_mod.__version__,
-        "python": platform.python_version(),
-        "host": socket.gethostname(),
-    }
+    return {**extra, "gpus": gpus, **host_fields(), "torch": torch_mod.__version__}
 
 
 def channels_last_default(cfg: BenchConfig, gpus: int) -> str | None:

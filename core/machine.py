@@ -1,0 +1,17 @@
+"""The host a result was measured on: the fields every trainer's `device` block shares."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+
+
+def host_fields() -> dict:
+    """CPU, cores, Python and host name; a trainer adds its GPUs and framework version."""
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+    }
