@@ -182,6 +182,11 @@ def parse_args(argv: list[str], paths: dict):
         help="write a trace of a few steps after the timed ones (TensorFlow profiler, or torch.profiler)",
     )
     g.add_argument(
+        "--interleave", type=non_negative_int, default=0, metavar="N",
+        help="measure each path again in N short runs alternating with the baseline, for a ratio that a noisy "
+        "machine disturbs less (the median of the paired ratios)",
+    )  # fmt: skip
+    g.add_argument(
         "--sweep", action="store_true",
         help="--fake-location, --num-gpus, --batch, --use-fp16 and --use-xla-compile take comma lists; run the grid",
     )  # fmt: skip

@@ -69,6 +69,9 @@ class BenchConfig:
     profile_dir: str | None = None  # --profile: a trace of a few untimed steps per path (TensorFlow or torch.profiler)
     shrunk: dict[str, tuple] = field(default_factory=dict)
     quiet: bool = False  # no per-path progress lines (a capacity probe)
+    interleave: int = (
+        0  # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py)
+    )
 
     def to_dict(self) -> dict:
         d = asdict(self)

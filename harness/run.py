@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from core.config import BenchConfig, apply_defaults
+from core.config import BASELINE, BenchConfig, apply_defaults
 from core.errors import ConfigError
 from harness.plugin import Trainer
 
@@ -109,7 +109,16 @@ def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -
     if "dali" in cfg.paths or cfg.producer_kind == "dali":
         print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
     started = time.time()
-    return started, plugin.run(cfg)
+    results = plugin.run(cfg)
+    if results is not None and cfg.interleave:
+        from harness.interleave import alternate
+
+        for path in cfg.paths:
+            if path != BASELINE:
+                print(f"- {path}: {cfg.interleave} pairs of runs alternating with the baseline ...", flush=True)
+                results[path]["interleaved"] = alternate(lambda c, p: one_path(plugin, c, p), cfg, path, cfg.interleave)
+                print(f"  median paired ratio {results[path]['interleaved']['ratio']:.3f}", flush=True)
+    return started, results
 
 
 def one_path(plugin: Trainer, cfg: BenchConfig, path: str) -> dict:
