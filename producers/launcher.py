@@ -126,21 +126,34 @@ def launch(
             readers.append(reader)
         return _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupted, stats_file)
     finally:
-        stop.value = 1
-        for p in procs:
-            p.join(5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-            for region in regions_of(p.pid):  # a worker killed before its consumer mapped its region
-                region.unlink(missing_ok=True)
-        for r in readers:
-            r.close()
+        stop_workers(procs, readers, stop, after_each=_unlink_regions)
         for s, h in old.items():
             signal.signal(s, h)
         # Only when the run that started us died:
         parent.clean_run_dir(own=[stats_file] if stats_file else [], endpoint=cfg.endpoint)
+
+
+def stop_workers(procs: list, readers: list[Connection], stop, after_each=None) -> None:
+    """Ask every worker to stop (`stop.value = 1`), give each 5 s, kill what is left, close the status pipes.
+
+    `after_each(process)` runs for every worker once it is gone (a producer's leftover regions).
+    """
+    stop.value = 1
+    for p in procs:
+        p.join(5)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+        if after_each is not None:
+            after_each(p)
+    for r in readers:
+        r.close()
+
+
+def _unlink_regions(p) -> None:
+    for region in regions_of(p.pid):  # a worker killed before its consumer mapped its region
+        region.unlink(missing_ok=True)
 
 
 def rates(now: dict[str, float], before: dict[str, float], dt: float) -> dict[str, float]:

@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection, wait
 from core.errors import FeedbenchError
 from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches
 from producers import parent
+from producers.launcher import stop_workers
 from producers.loader import worker_seed
 from profiler.cpu import tree_cpu_seconds
 
@@ -161,15 +162,7 @@ def measure(opts: Options, workers: int) -> dict:
             "window_s": wall,
         }
     finally:
-        stop.value = 1
-        for p in procs:
-            p.join(5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for r in readers:
-            r.close()
+        stop_workers(procs, readers, stop)
 
 
 def sweep(opts: Options, counts: list[int], progress=None) -> list[dict]:
