@@ -85,18 +85,13 @@ def test_local_cluster_tasks_listen_on_loopback_only_and_a_killed_task_is_one_pl
     assert not [q for q in alive if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_a_task_started_by_hand_listens_on_its_loopback_host_only():
-    ps, worker = free_port(), free_port()
-    p = subprocess.Popen(
-        task_args("ps", f"127.0.0.1:{ps}", f"127.0.0.1:{worker}"),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def serve_then_stop(args: list[str], port: int, expected: list[str], first_line: str | None = None) -> None:
+    """Start a parameter-server task, check who listens on `port` (and its first line), stop it with SIGTERM."""
+    p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_listening(p, ps) == ["127.0.0.1"]
-        assert f"ps 0: serving on 127.0.0.1:{ps}" in p.stdout.readline()
+        assert wait_listening(p, port) == expected
+        if first_line is not None:
+            assert first_line in p.stdout.readline()
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=60)
     finally:
@@ -104,6 +99,12 @@ def test_a_task_started_by_hand_listens_on_its_loopback_host_only():
             p.kill()
             p.wait()
     assert p.returncode == 143, err[-2000:]
+
+
+def test_a_task_started_by_hand_listens_on_its_loopback_host_only():
+    ps, worker = free_port(), free_port()
+    args = task_args("ps", f"127.0.0.1:{ps}", f"127.0.0.1:{worker}")
+    serve_then_stop(args, ps, ["127.0.0.1"], f"ps 0: serving on 127.0.0.1:{ps}")
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.77"])
@@ -134,22 +135,7 @@ def _wide_address() -> str | None:
 @pytest.mark.skipif(_wide_address() is None, reason="no address beyond loopback on this machine")
 def test_with_allow_remote_a_task_listens_on_the_address_its_host_names_not_everywhere():
     host, ps = _wide_address(), free_port()
-    p = subprocess.Popen(
-        task_args("ps", f"{host}:{ps}", f"127.0.0.1:{free_port()}", "--allow-remote"),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert wait_listening(p, ps) == [host]
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 143, err[-2000:]
+    serve_then_stop(task_args("ps", f"{host}:{ps}", f"127.0.0.1:{free_port()}", "--allow-remote"), ps, [host])
 
 
 @pytest.mark.parametrize("job", ["ps", "worker"])
