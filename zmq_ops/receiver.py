@@ -14,6 +14,15 @@ back when done, so no Python runs per byte::
         ...                    # copy to the device
         r.release(i)
 
+With ``zero_copy=True`` there are no buffers to give: ``slots`` is how many
+batches you may hold at once, and ``next_arrays()`` returns numpy arrays over
+the batch where it already is (a shm:// producer's slot, or the received
+frames); ``torch.from_numpy`` makes tensors of them without a copy. The batch
+(and the producer's slot) is handed back when the last of them is dropped::
+
+    with Receiver("shm://feed", specs, 8, zero_copy=True) as r:
+        images, labels = (torch.from_numpy(a) for a in r.next_arrays())
+
 Buffers may be torch tensors, numpy arrays (anything with `data_ptr()` or
 `__array_interface__`, checked for size and contiguity) or raw addresses
 (ints, trusted). This module imports neither torch nor TensorFlow. The
@@ -63,8 +72,10 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.fb_receiver_open.restype = c_p
     lib.fb_receiver_open.argtypes = [
         c_char_p, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int), ctypes.POINTER(c_i64), c_int,
-        ctypes.POINTER(c_p), c_int, c_i64, c_i64, c_int, c_char_p, c_int, c_char_p, ctypes.c_size_t,
+        ctypes.POINTER(c_p), c_int, c_i64, c_i64, c_int, c_char_p, c_int, c_int, c_char_p, ctypes.c_size_t,
     ]  # fmt: skip
+    lib.fb_receiver_data.restype = c_int
+    lib.fb_receiver_data.argtypes = [c_p, c_int, ctypes.POINTER(c_p), c_int, c_char_p, ctypes.c_size_t]
     lib.fb_receiver_next.restype = c_int
     lib.fb_receiver_next.argtypes = [c_p, c_i64, c_char_p, ctypes.c_size_t]
     lib.fb_receiver_release.restype = c_int
@@ -101,6 +112,31 @@ def _address(buf: Any, nbytes: int, where: str) -> int:
     return ptr
 
 
+class _Held:
+    """One zero-copy batch: gives its ring slot (and the producer's slot) back when the last array over it dies."""
+
+    def __init__(self, receiver: Receiver, slot: int) -> None:
+        self.receiver, self.slot = receiver, slot
+
+    def __del__(self) -> None:
+        r = self.receiver
+        if r._handle:
+            try:
+                r.release(self.slot)
+            except (ValueError, RuntimeError):
+                pass
+
+
+class _View:
+    """An array interface over one tensor of a held batch; keeps the batch alive while numpy uses it."""
+
+    def __init__(self, held: _Held, address: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self._held = held
+        self.__array_interface__ = {
+            "data": (address, False), "shape": shape, "typestr": dtype.str, "version": 3,
+        }  # fmt: skip
+
+
 class Receiver:
     """Native receive threads filling a ring of caller-owned slots from a ZMQ endpoint.
 
@@ -108,14 +144,17 @@ class Receiver:
     buffers per slot, in the order of `specs`. `timeout_ms` is next()'s wait
     (-1: forever); `max_msg_size` caps a frame (-1: unlimited); `curve_keys`
     is a `python -m producers make-keys` folder (CURVE encryption, and only
-    producers with the folder's client key are admitted).
+    producers with the folder's client key are admitted). `zero_copy`: no
+    buffers; `slots` is an int, how many batches may be held at once, and
+    next_arrays() gives arrays over each batch in place (`zero_copy` says
+    which path ran).
     """
 
     def __init__(
         self,
         endpoint: str,
         specs: Sequence[tuple[str | np.dtype, Sequence[int]]],
-        slots: Sequence[Sequence[Any]],
+        slots: Sequence[Sequence[Any]] | int,
         hwm: int = 4,
         timeout_ms: int = -1,
         max_msg_size: int = -1,
@@ -123,8 +162,16 @@ class Receiver:
         curve_keys: str | os.PathLike | None = None,
         threads: int = 2,
         allow_remote: bool = False,
+        zero_copy: bool = False,
     ) -> None:
         check_endpoint(endpoint, bind, allow_remote, secured=bool(curve_keys))
+        self.zero_copy = bool(zero_copy)
+        if self.zero_copy:
+            if not isinstance(slots, int) or slots < 1:
+                raise ValueError("a zero-copy Receiver takes `slots` as the number of batches one may hold (>= 1)")
+            slots = [[0] * len(specs) for _ in range(slots)]
+        elif isinstance(slots, int):
+            raise ValueError("Receiver needs buffers for each slot (or zero_copy=True)")
         self.endpoint = endpoint
         self.specs = [(np.dtype(d), tuple(int(x) for x in shape)) for d, shape in specs]
         if not self.specs or not slots:
@@ -147,7 +194,7 @@ class Receiver:
             endpoint.encode(), n, (ctypes.c_int * n)(*codes), (ctypes.c_int * n)(*ndims),
             (ctypes.c_int64 * max(1, len(dims)))(*dims), len(slots), (ctypes.c_void_p * len(ptrs))(*ptrs),
             int(hwm), int(timeout_ms), int(max_msg_size), int(bind),
-            os.fsencode(curve_keys) if curve_keys else None, int(threads), err, _ERRLEN,
+            os.fsencode(curve_keys) if curve_keys else None, int(threads), int(self.zero_copy), err, _ERRLEN,
         )  # fmt: skip
         if not self._handle:
             raise ValueError(err.value.decode(errors="replace"))
@@ -167,6 +214,19 @@ class Receiver:
         if slot == -2:
             raise BatchError(why)
         raise RuntimeError(why)
+
+    def next_arrays(self, timeout_ms: int | None = None) -> list[np.ndarray]:
+        """Zero-copy: the next batch as arrays over it in place; given back when the last of them is dropped."""
+        if not self.zero_copy:
+            raise RuntimeError("next_arrays() needs a Receiver opened with zero_copy=True")
+        slot = self.next(timeout_ms)
+        held = _Held(self, slot)  # from here on, dropping it gives the slot back
+        n = len(self.specs)
+        ptrs = (ctypes.c_void_p * n)()
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if self._lib.fb_receiver_data(self._handle, slot, ptrs, n, err, _ERRLEN) != 0:
+            raise RuntimeError(err.value.decode(errors="replace"))
+        return [np.asarray(_View(held, ptrs[i] or 0, dtype, shape)) for i, (dtype, shape) in enumerate(self.specs)]
 
     def release(self, slot: int) -> None:
         """Give a slot back to the receive threads."""

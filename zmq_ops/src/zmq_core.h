@@ -33,7 +33,7 @@
 namespace feedbench {
 namespace core {
 
-enum class Code { kOk, kInvalidArgument, kDeadlineExceeded, kCancelled, kInternal, kUnavailable };
+enum class Code { kOk, kInvalidArgument, kDeadlineExceeded, kCancelled, kInternal, kUnavailable, kResourceExhausted };
 
 // The outcome of a core call: a code and one line naming what went wrong.
 struct Status {
@@ -177,13 +177,17 @@ class Connection {
   Status TakeMessage(Message* msg);
   Status StopReason(const std::function<bool()>& cancelled, int64_t deadline_ms, int64_t timeout_ms) const;
 
+  // How long a receive may wait while this consumer itself holds every slot
+  // of every producer's region (tensors over slots kept alive) before it
+  // says so instead of hanging: no producer can send until one is released.
+  static constexpr int64_t kStarvedMs = 10000;
+
   ConnectionOptions options_;
   void* context_ = nullptr;
   void* socket_ = nullptr;
   std::timed_mutex socket_mu_;  // held only while a message is taken off the socket
   std::atomic<bool> closing_{false};
   shm::SlotReader slots_;
-  std::string ipc_path_;  // the socket file of a bound shm:// endpoint, removed on close
 
   mutable std::mutex stats_mu_;  // guards the counters below
   SeqTracker tracker_;
