@@ -487,11 +487,19 @@ def test_an_interrupted_run_on_an_external_shm_endpoint_removes_its_socket_file(
     assert producer.wait(30) == 0
 
 
-def test_a_slot_that_already_holds_the_same_read_only_arrays_is_not_rewritten() -> None:
+def test_a_slot_that_already_holds_the_same_read_only_arrays_is_rewritten_unless_reuse_is_asked() -> None:
     pool = [np.arange(96, dtype=np.uint8).reshape(2, 4, 4, 3).copy(), np.arange(2, dtype=np.int32)]
     for a in pool:
         a.flags.writeable = False
-    r = shm.Region(2, shm.layout(pool)[1])
+    honest = shm.Region(2, shm.layout(pool)[1])  # the default: every batch written anew
+    try:
+        honest.write(0, pool)
+        honest._data[0] = 255
+        honest.write(0, pool)
+        assert honest._data[0] == 0
+    finally:
+        honest.close()
+    r = shm.Region(2, shm.layout(pool)[1], reuse=True)
     try:
         r.write(0, pool)
         r._data[0] = 255  # stands in for "bytes the second write would have to restore"
