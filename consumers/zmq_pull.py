@@ -163,8 +163,12 @@ class PullConsumer:
         self._sock.close(0)
         if hasattr(self, "_slots"):
             self._slots.close()
-        if self._bound:  # libzmq leaves a bound ipc (or shm://'s slot-message) socket's file behind
+        if self._bound:  # libzmq leaves a bound ipc socket's file behind
             release(self.endpoint, bind=True)
+            if shm.is_shm(self.endpoint):  # ZMQ closes sockets in its I/O thread: the name is free once it has
+                deadline = time.monotonic() + 2.0
+                while shm.served(self.endpoint) and time.monotonic() < deadline:
+                    time.sleep(0.005)
             self._bound = False
         if self._auth is not None:
             self._auth.stop()
