@@ -153,3 +153,49 @@ def test_an_op_consumer_holding_every_slot_gets_one_line_not_a_hang(procs, ep, z
     del sock
     p.terminate()
     p.wait(60)
+
+
+class FakeCudart:
+    """Stands in for torch.cuda.cudart() on a machine without CUDA: records what would be registered."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}
+        self.calls: list[tuple[str, int]] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's spelling)
+        self.calls.append(("register", ptr))
+        self.registered[ptr] = size
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        self.calls.append(("unregister", ptr))
+        del self.registered[ptr]
+        return 0
+
+
+@pytest.mark.timeout(120)
+def test_regions_are_registered_with_cuda_once_and_unregistered_before_they_are_unmapped(procs, ep) -> None:
+    """What can be checked without a GPU: each region is registered whole, once, and unregistered in time."""
+    from zmq_ops.receiver import cuda_host_register
+
+    cudart = FakeCudart()
+    hook = cuda_host_register(cudart)
+    r = Receiver(ep, SPECS, 4, timeout_ms=TIMEOUT_MS, zero_copy=True, on_region=hook)
+    ps = [tagged(procs, ep, p, 20) for p in range(2)]
+    kept = None
+    for n in range(40):
+        arrays = r.next_arrays()
+        check(*arrays)
+        assert any(base <= arrays[0].ctypes.data < base + size for base, size in cudart.registered.items())
+        if n == 5:
+            kept = arrays
+    assert len(cudart.registered) == 2 and [c for c, _ in cudart.calls] == ["register", "register"]
+    assert all(size % 4096 == 0 for size in cudart.registered.values())
+    for p in ps:
+        p.wait(60)
+    r.close()  # an array still alive keeps its region mapped (and registered) until it is dropped
+    check(*kept)
+    assert len(cudart.registered) >= 1
+    del kept, arrays
+    assert cudart.registered == {} and hook.registered == {}
+    assert sorted(c for c, _ in cudart.calls) == ["register"] * 2 + ["unregister"] * 2

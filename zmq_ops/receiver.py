@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -72,7 +73,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.fb_receiver_open.restype = c_p
     lib.fb_receiver_open.argtypes = [
         c_char_p, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int), ctypes.POINTER(c_i64), c_int,
-        ctypes.POINTER(c_p), c_int, c_i64, c_i64, c_int, c_char_p, c_int, c_int, c_char_p, ctypes.c_size_t,
+        ctypes.POINTER(c_p), c_int, c_i64, c_i64, c_int, c_char_p, c_int, c_int, c_p, c_char_p, ctypes.c_size_t,
     ]  # fmt: skip
     lib.fb_receiver_data.restype = c_int
     lib.fb_receiver_data.argtypes = [c_p, c_int, ctypes.POINTER(c_p), c_int, c_char_p, ctypes.c_size_t]
@@ -112,19 +113,58 @@ def _address(buf: Any, nbytes: int, where: str) -> int:
     return ptr
 
 
+# void hook(void* base, uint64_t size, int mapped): see shm::MapHook in zmq_ops/src/shm.h.
+MAP_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int)
+
+
+def cuda_host_register(cudart: Any = None) -> Any:
+    """An `on_region` callback that registers each shm:// region with CUDA, and unregisters it before it is unmapped.
+
+    Registered (page-locked) host memory is what a GPU copies from by DMA, so
+    with zero-copy arrays over the slots a batch goes from the producer's slot
+    to the device with no CPU copy at all. `cudart` is torch's CUDA runtime
+    binding (default: ``torch.cuda.cudart()``), or anything with
+    cudaHostRegister(ptr, size, flags) / cudaHostUnregister(ptr) returning 0 on
+    success. A region that cannot be registered is still used (plain pageable
+    copies); the failure is counted in the callback's ``failures``.
+    """
+    if cudart is None:
+        import torch  # only when asked for: this module imports neither torch nor TensorFlow
+
+        cudart = torch.cuda.cudart()
+
+    def on_region(base: int, size: int, mapped: bool) -> None:
+        if mapped:
+            err = cudart.cudaHostRegister(base, size, 0)
+            if int(getattr(err, "value", err)) == 0:
+                on_region.registered[base] = size
+            else:
+                on_region.failures += 1
+        elif on_region.registered.pop(base, None) is not None:
+            cudart.cudaHostUnregister(base)
+
+    on_region.registered = {}
+    on_region.failures = 0
+    return on_region
+
+
 class _Held:
     """One zero-copy batch: gives its ring slot (and the producer's slot) back when the last array over it dies."""
 
     def __init__(self, receiver: Receiver, slot: int) -> None:
         self.receiver, self.slot = receiver, slot
+        receiver._outstanding += 1
 
     def __del__(self) -> None:
         r = self.receiver
+        r._outstanding -= 1
         if r._handle:
             try:
-                r.release(self.slot)
-            except (ValueError, RuntimeError):
+                r._lib.fb_receiver_release(r._handle, int(self.slot), None, 0)
+            except Exception:
                 pass
+            if r._closed and r._outstanding == 0:
+                r._free()  # closed while arrays were alive: the memory under them lives until now
 
 
 class _View:
@@ -163,7 +203,10 @@ class Receiver:
         threads: int = 2,
         allow_remote: bool = False,
         zero_copy: bool = False,
+        on_region: Any = None,
     ) -> None:
+        """`on_region(base, size, mapped)`: called as shm:// regions are mapped (True) and just before they are
+        unmapped (False), from the receive threads; e.g. `cuda_host_register()`."""
         check_endpoint(endpoint, bind, allow_remote, secured=bool(curve_keys))
         self.zero_copy = bool(zero_copy)
         if self.zero_copy:
@@ -190,11 +233,24 @@ class Receiver:
         dims = [x for _, shape in self.specs for x in shape]
         err = ctypes.create_string_buffer(_ERRLEN)
         self._lock = threading.Lock()
+        self._closed = False
+        self._outstanding = 0  # zero-copy batches whose arrays are alive
+        self._hook = None
+        if on_region is not None:
+
+            def hook(base: int, size: int, mapped: int) -> None:
+                try:
+                    on_region(base, size, bool(mapped))
+                except Exception as e:  # never let an exception unwind through C++
+                    print(f"warning: on_region for {endpoint}: {e}", file=sys.stderr)
+
+            self._hook = MAP_HOOK(hook)  # kept alive as long as the library may call it
         self._handle = self._lib.fb_receiver_open(
             endpoint.encode(), n, (ctypes.c_int * n)(*codes), (ctypes.c_int * n)(*ndims),
             (ctypes.c_int64 * max(1, len(dims)))(*dims), len(slots), (ctypes.c_void_p * len(ptrs))(*ptrs),
             int(hwm), int(timeout_ms), int(max_msg_size), int(bind),
-            os.fsencode(curve_keys) if curve_keys else None, int(threads), int(self.zero_copy), err, _ERRLEN,
+            os.fsencode(curve_keys) if curve_keys else None, int(threads), int(self.zero_copy),
+            ctypes.cast(self._hook, ctypes.c_void_p) if self._hook else None, err, _ERRLEN,
         )  # fmt: skip
         if not self._handle:
             raise ValueError(err.value.decode(errors="replace"))
@@ -259,14 +315,24 @@ class Receiver:
             cap = n
 
     def close(self) -> None:
-        """Stop the threads and close the socket; slots are no longer written."""
+        """Stop the threads and close the socket; slots are no longer written.
+
+        Zero-copy arrays still alive keep their batches (and the regions under
+        them) valid: the rest is freed when the last of them is dropped.
+        """
         handle = self._handle
-        if not handle:
+        if not handle or self._closed:
             return
         self._lib.fb_receiver_stop(handle)  # wakes a next() waiting in another thread
+        self._closed = True
+        if self._outstanding == 0:
+            self._free()
+
+    def _free(self) -> None:
         with self._lock:
-            self._handle = None
-            self._lib.fb_receiver_close(handle)
+            handle, self._handle = self._handle, None
+            if handle:
+                self._lib.fb_receiver_close(handle)
 
     def __enter__(self) -> Receiver:
         return self

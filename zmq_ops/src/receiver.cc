@@ -69,7 +69,7 @@ class Receiver {
   };
 
   Receiver(const core::ConnectionOptions& options, std::vector<Field> fields, std::vector<std::vector<char*>> slots,
-           int64_t timeout_ms, bool zero_copy)
+           int64_t timeout_ms, bool zero_copy, shm::MapHook map_hook)
       : conn_(options),
         fields_(std::move(fields)),
         slots_(std::move(slots)),
@@ -78,6 +78,7 @@ class Receiver {
         zero_copy_(zero_copy),
         held_(slots_.size()) {
     for (size_t i = 0; i < slots_.size(); ++i) free_.push_back(static_cast<int>(i));
+    conn_.SetMapHook(map_hook);
   }
 
   ~Receiver() { Stop(); }
@@ -316,13 +317,15 @@ extern "C" {
 // Opens a receiver: `n_fields` tensors per batch, field i of dtype code
 // dtypes[i] (TensorFlow's DataType enum, as on the wire) and shape
 // dims[sum(ndims[:i]) .. +ndims[i]]; `n_slots` slots whose buffers are (unless
-// `zero_copy`: then ptrs may be null and a slot holds a batch in place)
+// `zero_copy`: then ptrs may be null and a slot holds a batch in place).
+// `map_hook` (may be null): a shm::MapHook called as shm:// regions are mapped
+// and unmapped, e.g. to register them with CUDA.
 // ptrs[slot * n_fields + i], each at least the field's size. Returns a handle,
 // or null with `err` filled.
 __attribute__((visibility("default"))) void* fb_receiver_open(
     const char* endpoint, int n_fields, const int* dtypes, const int* ndims, const int64_t* dims, int n_slots,
     void* const* ptrs, int hwm, int64_t timeout_ms, int64_t max_msg_size, int bind, const char* curve_dir,
-    int threads, int zero_copy, char* err, size_t errlen) {
+    int threads, int zero_copy, void* map_hook, char* err, size_t errlen) {
   using feedbench::Field;
   if (n_fields < 1 || n_slots < 1 || threads < 1) {
     SetError(err, errlen, "the receiver needs at least one field, one slot and one thread");
@@ -354,7 +357,8 @@ __attribute__((visibility("default"))) void* fb_receiver_open(
   o.bind = bind != 0;
   o.max_msg_size = max_msg_size;
   o.curve_keys_dir = curve_dir != nullptr ? curve_dir : "";
-  auto* r = new Receiver(o, std::move(fields), std::move(slots), timeout_ms, zero_copy != 0);
+  auto* r = new Receiver(o, std::move(fields), std::move(slots), timeout_ms, zero_copy != 0,
+                         reinterpret_cast<feedbench::shm::MapHook>(map_hook));
   feedbench::core::Status s = r->Start(threads);
   if (!s.ok()) {
     SetError(err, errlen, s.message);

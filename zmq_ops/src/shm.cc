@@ -112,7 +112,10 @@ bool DecodeSlotMessage(const std::vector<wire::Frame>& frames, size_t total_fram
   return true;
 }
 
-Mapping::~Mapping() { munmap(base, size); }
+Mapping::~Mapping() {
+  if (hook != nullptr) hook(base, size, 0);
+  munmap(base, size);
+}
 
 void SlotLease::Release() {
   if (state_ != nullptr) __atomic_store_n(state_, 0u, __ATOMIC_RELEASE);
@@ -306,7 +309,8 @@ bool SlotReader::Map(const std::string& name, Region* region, wire::WireError* e
     munmap(base, size);
     return Fail(err, field, name + ": " + why);
   }
-  r.mapping = std::make_shared<Mapping>(static_cast<char*>(base), size);
+  r.mapping = std::make_shared<Mapping>(static_cast<char*>(base), size, hook_);
+  if (hook_ != nullptr) hook_(base, size, 1);
   *region = r;
   return true;
 }

@@ -70,13 +70,19 @@ bool DecodeSlotMessage(const std::vector<wire::Frame>& frames, size_t total_fram
 // One mapped region; unmapped when the last holder (the reader's table, a
 // lease) lets go, so a region retired while a batch is copied out of it stays
 // mapped until that copy is done.
+// Called with (base, size, 1) once a region is mapped and (base, size, 0)
+// just before it is unmapped: e.g. to register it with CUDA (cudaHostRegister)
+// so copies to a GPU read the slots by DMA, and to unregister it in time.
+using MapHook = void (*)(void* base, uint64_t size, int mapped);
+
 struct Mapping {
-  Mapping(char* b, size_t s) : base(b), size(s) {}
+  Mapping(char* b, size_t s, MapHook h) : base(b), size(s), hook(h) {}
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   char* base;
   size_t size;
+  MapHook hook;
 };
 
 // Hands a slot back to its producer when destroyed (or on Release()).
@@ -115,6 +121,9 @@ class SlotReader {
   // gives the slot back. False with `err` (field: why) otherwise.
   bool Resolve(const SlotRef& ref, std::vector<wire::TensorView>* tensors, SlotLease* lease, wire::WireError* err);
 
+  // Set before the first slot message (see MapHook); null: none.
+  void SetMapHook(MapHook hook) { hook_ = hook; }
+
   // True when regions are mapped and every slot of every one is taken by this
   // consumer (`slots`: how many): no producer can publish until one is released.
   bool AllTaken(uint32_t* slots);
@@ -141,6 +150,7 @@ class SlotReader {
   void DrainHandovers();                                     // with mu_ held
 
   std::mutex mu_;
+  MapHook hook_ = nullptr;
   int listen_fd_ = -1;
   std::map<std::string, int> handed_over_;  // descriptors not yet named by a slot message
   std::deque<std::string> handed_over_order_;

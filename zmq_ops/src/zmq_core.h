@@ -166,6 +166,9 @@ class Connection {
   // For a slot message: points `tensors` (a copy of msg.tensors()) into the
   // producer's slot and claims it; the lease hands it back. Otherwise a no-op.
   // False with `err` naming the field (never reading outside the region).
+  // Called as shm:// regions are mapped and unmapped (shm::MapHook); set before Open.
+  void SetMapHook(shm::MapHook hook) { slots_.SetMapHook(hook); }
+
   bool ResolveSlot(const Message& msg, std::vector<wire::TensorView>* tensors, shm::SlotLease* lease,
                    wire::WireError* err) {
     return !msg.slot_message() || slots_.Resolve(msg.slot(), tensors, lease, err);
