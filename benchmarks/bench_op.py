@@ -78,6 +78,7 @@ class Config:
     repeats: int
     warmup: int
     hwm: int
+    producer_workers: int = 1
 
     @property
     def batch_bytes(self) -> int:
@@ -144,7 +145,8 @@ def producer(ep: str, fmt: str, cfg: Config) -> Iterator[None]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if project_producer_works():
         args = ["-m", "producers", "synthetic", "--endpoint", ep, "--batch", str(cfg.batch), "--image-size",
-                str(cfg.image_size), "--wire-format", fmt, "--quiet", "--hwm", "4"]  # fmt: skip
+                str(cfg.image_size), "--wire-format", fmt, "--quiet", "--hwm", "4",
+                "--workers", str(cfg.producer_workers)]  # fmt: skip
     else:
         args = ["-c", PRIVATE_SENDER, ep, fmt, str(cfg.batch), str(cfg.image_size)]
     proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, start_new_session=True)
@@ -378,13 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
     parser.add_argument("--warmup", type=int, default=10, help="batches before timing starts")
     parser.add_argument("--hwm", type=int, default=4, help="receive high-water mark / queue capacity, in batches")
+    parser.add_argument("--producer-workers", type=int, default=1,
+                        help="worker processes of the producer (each writes every batch anew)")  # fmt: skip
     parser.add_argument("--transports", default="shm,ipc,tcp", help="comma-separated: shm,ipc,tcp")
     parser.add_argument("--formats", default="native,zmq_ops", help="wire formats for the op rows")
     parser.add_argument("--paths", default="op,receiver,generator,queue,pyzmq",
                         help="comma-separated: op, receiver (the TF-free native receiver), generator "
                         "(from_generator), queue (FIFOQueue feed), pyzmq (recv only)")  # fmt: skip
     args = parser.parse_args(argv)
-    cfg = Config(args.batch, args.image_size, args.steps, args.repeats, args.warmup, args.hwm)
+    cfg = Config(args.batch, args.image_size, args.steps, args.repeats, args.warmup, args.hwm, args.producer_workers)
     transports = args.transports.split(",")
     formats = args.formats.split(",")
 
@@ -394,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{cfg.batch_bytes / 1e6:.2f} MB; {cfg.warmup} warm-up, then {cfg.repeats} x {cfg.steps} steps",
           flush=True)  # fmt: skip
     if project_producer_works():
-        print("producer: python -m producers synthetic (one worker process; over shm:// it writes every batch "
-              "into its slot anew, as a decoding producer must)")  # fmt: skip
+        print(f"producer: python -m producers synthetic ({cfg.producer_workers} worker process(es); over shm:// "
+              "each writes every batch into its slot anew, as a decoding producer must)")  # fmt: skip
 
     paths = args.paths.split(",")
     rows: list[Row] = []
