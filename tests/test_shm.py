@@ -705,6 +705,35 @@ def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig)
     assert not any(shm.regions_held_by(q.pid) for q in family)
 
 
+@pytest.mark.timeout(300)
+def test_a_whole_shm_run_killed_by_sigkill_leaves_nothing_in_dev_shm_or_the_socket_folder(procs, ipc_dir) -> None:
+    """`--transport shm`, the trainer and every producer process SIGKILLed at once, regions mapped and in use."""
+    tmp = Path(ipc_dir)
+    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(shm.private_dir()))
+    p = procs.start(
+        "bench_input.py", "--transport", "shm", "--fake-location", "zmq-consume", "--input-only", "--num-gpus", "1",
+        "--batch", "2", "--image-size", "4", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not list(tmp.glob("feedbench-*/producer-*.json")) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (run_dir,) = tmp.glob("feedbench-*")
+    ours = [s for s in sockets() if s.startswith(f"{run_dir.name}-")]
+    assert ours, "the run bound no shm:// endpoint"
+    family = [psutil.Process(p.pid), *descendants(p.pid)]
+    assert any(shm.regions_held_by(q.pid) for q in family), "no process holds a region"
+    for q in family:
+        q.kill()
+    assert not psutil.wait_procs(family, timeout=30)[1]
+    assert set(os.listdir(shm.SHM_DIR)) - shm_before == set()
+    assert set(os.listdir(shm.private_dir())) - folder_before == set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and set(ours) & sockets():
+        time.sleep(0.1)
+    assert not set(ours) & sockets()
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_killed_is_reported_at_once_and_its_region_removed(procs, ep) -> None:
     """The launcher does not wait for its other workers: one line, its region gone, the producer stops."""

@@ -191,11 +191,12 @@ def test_regions_are_registered_with_cuda_once_and_unregistered_before_they_are_
             kept = arrays
     assert len(cudart.registered) == 2 and [c for c, _ in cudart.calls] == ["register", "register"]
     assert all(size % 4096 == 0 for size in cudart.registered.values())
-    for p in ps:
-        p.wait(60)
     r.close()  # an array still alive keeps its region mapped (and registered) until it is dropped
     check(*kept)
     assert len(cudart.registered) >= 1
     del kept, arrays
     assert cudart.registered == {} and hook.registered == {}
     assert sorted(c for c, _ in cudart.calls) == ["register"] * 2 + ["unregister"] * 2
+    for p in ps:  # all 40 batches were taken; they may still be waiting for us to hang up
+        p.terminate()
+        p.wait(60)
