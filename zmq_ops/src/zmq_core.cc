@@ -261,7 +261,11 @@ Status Connection::Open() {
     if (!shm::ZmqEndpoint(ep, &zmq_ep, &why)) return Error(Code::kInvalidArgument, why);
     // Producers hand their regions over before their first slot message: listen first.
     if (!slots_.Listen(ep, &why)) return Error(Code::kInvalidArgument, why);
-    // Abstract address: admit only this user's processes.
+    // Abstract address: admit only this user's processes (ignored by a libzmq
+    // built without it; the region hand-over checks the user either way).
+#ifndef ZMQ_IPC_FILTER_UID
+#define ZMQ_IPC_FILTER_UID 59  // deprecated in zmq.h, still in libzmq 4.3; absent from some headers
+#endif
     const int uid = static_cast<int>(getuid());
     zmq_setsockopt(socket_, ZMQ_IPC_FILTER_UID, &uid, sizeof(uid));
   }
