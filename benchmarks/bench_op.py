@@ -78,6 +78,7 @@ class Config:
     repeats: int
     warmup: int
     hwm: int
+    producer_workers: int = 1
 
     @property
     def batch_bytes(self) -> int:
@@ -144,7 +145,8 @@ def producer(ep: str, fmt: str, cfg: Config) -> Iterator[None]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if project_producer_works():
         args = ["-m", "producers", "synthetic", "--endpoint", ep, "--batch", str(cfg.batch), "--image-size",
-                str(cfg.image_size), "--wire-format", fmt, "--quiet", "--hwm", "4"]  # fmt: skip
+                str(cfg.image_size), "--wire-format", fmt, "--quiet", "--hwm", "4",
+                "--workers", str(cfg.producer_workers)]  # fmt: skip
     else:
         args = ["-c", PRIVATE_SENDER, ep, fmt, str(cfg.batch), str(cfg.image_size)]
     proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, start_new_session=True)
@@ -190,24 +192,35 @@ def _shapes(cfg: Config) -> tuple[list[int], list[int]]:
 # ---------------------------------------------------------------- the paths
 
 
-def run_op(transport: str, fmt: str, cfg: Config) -> Row:
-    """ZMQPullSocket -> consume, one session.run per batch."""
+def run_op(transport: str, fmt: str, cfg: Config, zero_copy: bool = False) -> Row:
+    """ZMQPullSocket -> consume, one session.run per batch; `zero_copy`: the outputs are the shm slots."""
     with endpoint(transport) as ep:
         graph = tf.Graph()
         with graph.as_default():
-            sock = zmq_ops.ZMQPullSocket(ep, [tf.uint8, tf.int32], hwm=cfg.hwm, timeout_ms=60_000)
+            sock = zmq_ops.ZMQPullSocket(ep, [tf.uint8, tf.int32], hwm=cfg.hwm, timeout_ms=60_000, zero_copy=zero_copy)
             images, labels = sock.pull()
             out = consume(images, labels)
+        name = "zmq_ops op, zero-copy" if sock.zero_copy else "zmq_ops op"
         with tf.compat.v1.Session(graph=graph) as sess, producer(ep, fmt, cfg):
-            return Row("zmq_ops op", transport, fmt, time_steps(lambda: sess.run(out), cfg))
+            return Row(name, transport, fmt, time_steps(lambda: sess.run(out), cfg))
 
 
-def run_receiver(transport: str, fmt: str, cfg: Config) -> Row:
-    """The TF-free native receiver (zmq_ops.receiver) into a ring of 4 numpy slots: next + release."""
+def run_receiver(transport: str, fmt: str, cfg: Config, zero_copy: bool = False) -> Row:
+    """The TF-free native receiver (zmq_ops.receiver): a ring of 4 numpy slots (next + release), or zero-copy
+    arrays over the batch in place (dropped after use)."""
     from zmq_ops.receiver import Receiver
 
     im_shape, lb_shape = _shapes(cfg)
     specs = [("uint8", tuple(im_shape)), ("int32", tuple(lb_shape))]
+    if zero_copy:
+        with endpoint(transport) as ep, Receiver(ep, specs, 4, hwm=cfg.hwm, timeout_ms=60_000, zero_copy=True) as r:
+            with producer(ep, fmt, cfg):
+
+                def step_in_place() -> None:
+                    images, _ = r.next_arrays()
+                    int(images[0, 0, 0, 0])  # the caller would now copy the batch to the device
+
+                return Row("native receiver (no TF), zero-copy", transport, fmt, time_steps(step_in_place, cfg))
     ring = [[np.empty(shape, dtype) for dtype, shape in specs] for _ in range(4)]
     with endpoint(transport) as ep, Receiver(ep, specs, ring, hwm=cfg.hwm, timeout_ms=60_000) as r:
         with producer(ep, fmt, cfg):
@@ -367,13 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
     parser.add_argument("--warmup", type=int, default=10, help="batches before timing starts")
     parser.add_argument("--hwm", type=int, default=4, help="receive high-water mark / queue capacity, in batches")
+    parser.add_argument("--producer-workers", type=int, default=1,
+                        help="worker processes of the producer (each writes every batch anew)")  # fmt: skip
     parser.add_argument("--transports", default="shm,ipc,tcp", help="comma-separated: shm,ipc,tcp")
     parser.add_argument("--formats", default="native,zmq_ops", help="wire formats for the op rows")
     parser.add_argument("--paths", default="op,receiver,generator,queue,pyzmq",
                         help="comma-separated: op, receiver (the TF-free native receiver), generator "
                         "(from_generator), queue (FIFOQueue feed), pyzmq (recv only)")  # fmt: skip
     args = parser.parse_args(argv)
-    cfg = Config(args.batch, args.image_size, args.steps, args.repeats, args.warmup, args.hwm)
+    cfg = Config(args.batch, args.image_size, args.steps, args.repeats, args.warmup, args.hwm, args.producer_workers)
     transports = args.transports.split(",")
     formats = args.formats.split(",")
 
@@ -383,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{cfg.batch_bytes / 1e6:.2f} MB; {cfg.warmup} warm-up, then {cfg.repeats} x {cfg.steps} steps",
           flush=True)  # fmt: skip
     if project_producer_works():
-        print("producer: python -m producers synthetic (one worker process)")
+        print(f"producer: python -m producers synthetic ({cfg.producer_workers} worker process(es); over shm:// "
+              "each writes every batch into its slot anew, as a decoding producer must)")  # fmt: skip
 
     paths = args.paths.split(",")
     rows: list[Row] = []
@@ -394,10 +410,16 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # shm:// carries slot messages, which are native headers
                 rows.append(run_op(transport, fmt, cfg))
                 print(f"  done: op {transport} {fmt}", file=sys.stderr, flush=True)
+                if transport == "shm":
+                    rows.append(run_op(transport, fmt, cfg, zero_copy=True))
+                    print(f"  done: op {transport} {fmt} zero-copy", file=sys.stderr, flush=True)
     if "receiver" in paths:
         for transport in transports:
             rows.append(run_receiver(transport, "native", cfg))
             print(f"  done: receiver {transport}", file=sys.stderr, flush=True)
+            if transport == "shm":
+                rows.append(run_receiver(transport, "native", cfg, zero_copy=True))
+                print(f"  done: receiver {transport} zero-copy", file=sys.stderr, flush=True)
     # The Python paths read raw pyzmq sockets: they run on the first socket transport.
     py_transport = next((t for t in transports if t != "shm"), "ipc")
     python_paths = {"generator": run_from_generator, "queue": run_fifo_queue, "pyzmq": run_pyzmq_only}
@@ -411,10 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     gen = median_gbps(rows, "pyzmq + from_generator", py_transport, "native", cfg)
     print()
     for transport in transports:
-        op_t = median_gbps(rows, "zmq_ops op", transport, "native", cfg)
-        if op_t:
-            vs_gen = f", {op_t / gen:.1f}x pyzmq + from_generator ({py_transport})" if gen else ""
-            print(f"op over {transport} (native): {op_t / memcpy:.0%} of memcpy{vs_gen}")
+        for name in ("zmq_ops op", "zmq_ops op, zero-copy"):
+            op_t = median_gbps(rows, name, transport, "native", cfg)
+            if op_t:
+                vs_gen = f", {op_t / gen:.1f}x pyzmq + from_generator ({py_transport})" if gen else ""
+                print(f"{name} over {transport} (native): {op_t / memcpy:.0%} of memcpy{vs_gen}")
     op = median_gbps(rows, "zmq_ops op", py_transport, "native", cfg)
     wire = median_gbps(rows, "pyzmq recv only (no TF)", py_transport, "native", cfg)
     if op:

@@ -17,7 +17,7 @@ from zmq.utils import monitor
 
 from consumers.accounting import SeqTracker
 from wire import curve, message, shm
-from wire.endpoints import attach, release
+from wire.endpoints import EndpointError, attach, release
 
 
 class ReceiveTimeout(TimeoutError):
@@ -64,15 +64,23 @@ class PullConsumer:
         self._refused_why = ""
         self._bound = False  # only a socket file this consumer created is removed on close
         try:
+            if shm.is_shm(endpoint):
+                # Listen for producers' regions before they can reach us; admit only this user's processes.
+                self._slots = shm.SlotReader(endpoint)
+                shm.restrict_to_user(self._sock)
+            else:
+                self._slots = shm.SlotReader()
             if curve_keys:
                 self._auth = curve.secure(self._sock, curve_keys, server=bind)
                 self._monitor = self._sock.get_monitor_socket(_REFUSED)
             attach(self._sock, endpoint, bind, allow_remote, secured=bool(curve_keys))
             self._bound = bind
+        except shm.ShmError as e:
+            self.close()
+            raise EndpointError(str(e)) from None
         except BaseException:
             self.close()
             raise
-        self._slots = shm.SlotReader()  # regions of shm:// producers, mapped on first sight
         self.tracker = SeqTracker()
         self.batches = 0
         self.bytes = 0
@@ -154,8 +162,12 @@ class PullConsumer:
         self._sock.close(0)
         if hasattr(self, "_slots"):
             self._slots.close()
-        if self._bound:  # libzmq leaves a bound ipc (or shm://'s slot-message) socket's file behind
+        if self._bound:  # libzmq leaves a bound ipc socket's file behind
             release(self.endpoint, bind=True)
+            if shm.is_shm(self.endpoint):  # ZMQ closes sockets in its I/O thread: the name is free once it has
+                deadline = time.monotonic() + 2.0
+                while shm.served(self.endpoint) and time.monotonic() < deadline:
+                    time.sleep(0.005)
             self._bound = False
         if self._auth is not None:
             self._auth.stop()

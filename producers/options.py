@@ -26,6 +26,16 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
         "--wire-format", dest="format", choices=FORMATS, default="native", help="wire format (default: native)"
     )
     g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ send high-water mark, in batches")
+    g.add_argument(
+        "--shm-slots", type=positive_int, default=None, metavar="N",
+        help="shm://: slots in each worker's region (default: hwm + 8, room for batches a consumer holds "
+        "in prefetch or staging while it uses them in place)",
+    )  # fmt: skip
+    g.add_argument(
+        "--reuse-unchanged-slots", action="store_true",
+        help="shm://: do not rewrite a slot that already holds the very same read-only arrays (a synthetic "
+        "pool); off by default, so every batch is written anew as a decoding producer must",
+    )  # fmt: skip
     g.add_argument("--workers", type=positive_int, default=1, help="worker processes")
     g.add_argument("--count", type=positive_int, default=None, help="total batches to send (default: until stopped)")
     g.add_argument("--rate", type=positive_float, default=None, help="cap each worker at this many images/s")
@@ -62,6 +72,8 @@ def send_config(args: argparse.Namespace) -> SendConfig:
         allow_remote=args.allow_remote,
         curve_keys=args.curve_keys,
         busy_wait=args.busy_wait,
+        shm_slots=args.shm_slots,
+        reuse_unchanged_slots=args.reuse_unchanged_slots,
     )
 
 

@@ -43,6 +43,15 @@ class SendConfig:
     allow_remote: bool = False
     curve_keys: str | None = None  # key folder: encrypt and authenticate the stream (wire/curve.py)
     busy_wait: bool = False  # spin while the consumer has no room, as a polling loader does (uses a core)
+    shm_slots: int | None = None  # shm://: slots per region; None = hwm + HELD_SLOTS
+    # shm://: skip rewriting a slot that already holds the same read-only arrays (a synthetic pool).
+    # Off by default: every batch is written anew, as a decoding producer must (honest figures).
+    reuse_unchanged_slots: bool = False
+
+
+# shm://: slots beyond the hwm, for batches a zero-copy consumer holds while it uses them in place
+# (tf.data prefetch, StagingArea, a torch prefetcher) without starving its producers.
+HELD_SLOTS = 8
 
 
 class Counters:
@@ -167,18 +176,24 @@ def _send(
     should_stop,
     frames=None,
     stale: Callable[[], bool] = lambda: False,
+    ready: Callable[[], bool] = lambda: True,
 ) -> int | None:
     """Send one batch (or, for shm://, its slot message `frames`) once there is room.
 
     Returns the batch's bytes, None when stopped or the consumer is gone, or
     STALE when `stale()` says the consumer the slot message was made for has
-    left while we waited (the next one could not map its region).
+    left while we waited (the next one could not map its region). `ready()`
+    is asked once the socket has room; False waits and asks again.
     """
     while True:
         if not _wait_writable(sock, lambda: should_stop() or stale(), _patience(cfg, seq), cfg.busy_wait):
             return STALE if stale() and not should_stop() else None
         if stale():  # a new consumer is there, but the slot message was made for the one that left
             return STALE
+        if not ready():  # shm://: the consumer has not taken our region yet (it may be leaving)
+            if should_stop():
+                return None
+            continue
         try:
             if frames is not None:
                 sock.send_multipart(frames, flags=zmq.NOBLOCK)
@@ -196,10 +211,11 @@ class _SlotSender:
     straight into shared memory and nothing is copied; other batches are
     copied into a slot.
 
-    A region serves one consumer: that consumer unlinks its name once mapped
-    (so no other can map it), and slots whose messages were still queued when
-    it left stay published for ever. So when the consumer leaves, the region
-    goes with it and the next consumer gets a fresh one, every slot free.
+    A region serves one consumer: its descriptor is handed to that consumer
+    (wire/shm.py, SCM_RIGHTS) before the first slot message, and slots whose
+    messages were still queued when it left stay published for ever. So when
+    the consumer leaves, the region goes with it and the next consumer gets a
+    fresh one, every slot free.
     """
 
     def __init__(self, cfg: SendConfig, should_stop: Callable[[], bool], peers: _Peers) -> None:
@@ -213,6 +229,10 @@ class _SlotSender:
         self.pending: tuple[shm.Region, int, list[np.ndarray]] | None = None
         self.gone = False  # no slot came free in time: the consumer stopped reading
 
+    def handed_over(self) -> bool:
+        """Hand the region to the consumer (once per region) before its first slot message; False: not yet."""
+        return self.region.handed_over or self.region.hand_over(self.cfg.endpoint, 0.5)
+
     def moved_on(self) -> bool:
         """True when a consumer has left since the region was made: its slots and its name are no use any more."""
         return self.region is not None and self.peers.update().left != self.served
@@ -220,7 +240,7 @@ class _SlotSender:
     def _renew(self) -> None:
         old = self.region
         self.served = self.peers.left
-        self.region = shm.Region(old.slots, old.slot_size)
+        self.region = shm.Region(old.slots, old.slot_size, reuse=old.reuse)
         old.close()  # still mapped while the source holds views of a pending slot in it
 
     def _acquire(self) -> int | None:
@@ -248,7 +268,8 @@ class _SlotSender:
         """Put the batch into a slot: (slot, offsets), or (None, []) when stopped or none came free."""
         if self.region is None:  # sized by the first batch; the hwm bounds the slots in flight
             _, slot_size = shm.layout(arrays)
-            self.region = shm.Region(max(2, self.cfg.hwm), slot_size)
+            slots = self.cfg.shm_slots or self.cfg.hwm + HELD_SLOTS
+            self.region = shm.Region(max(2, slots), slot_size, reuse=self.cfg.reuse_unchanged_slots)
             self.served = self.peers.update().left
             self.like = [np.empty(a.shape, a.dtype) for a in arrays]
         if self.pending is not None:
@@ -297,6 +318,8 @@ def run(
     try:
         if cfg.curve_keys:
             auth = curve.secure(sock, cfg.curve_keys, server=cfg.bind)
+        if slots is not None:
+            shm.restrict_to_user(sock)  # when we bind: only this user's consumers
         attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote, secured=bool(cfg.curve_keys))
         bound = cfg.bind
         on_ready()
@@ -332,7 +355,8 @@ def run(
                         return DONE if should_stop() else CONSUMER_GONE
                     frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)
                 stale = slots.moved_on if slots is not None else lambda: False
-                nbytes = _send(sock, arrays, cfg, seq, extras, should_stop, frames, stale)
+                ready = slots.handed_over if slots is not None else lambda: True
+                nbytes = _send(sock, arrays, cfg, seq, extras, should_stop, frames, stale, ready)
             if nbytes is None:
                 return DONE if should_stop() else CONSUMER_GONE
             t3 = time.perf_counter()

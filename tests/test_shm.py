@@ -12,7 +12,6 @@ import os
 import random
 import re
 import signal
-import stat
 import struct
 import subprocess
 import sys
@@ -43,7 +42,20 @@ TIMEOUT_MS = 30_000  # only ever reached when something is broken
 
 
 def sockets() -> set[str]:
-    return {p.name for p in shm.private_dir().glob("*.sock")}
+    """Bound shm:// slot-message sockets (abstract: /proc/net/unix) and any socket file in the private folder."""
+    prefix = f"@feedbench-{os.getuid()}/"
+    bound = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        path = line.split()[-1] if len(line.split()) >= 8 else ""
+        if path.startswith(prefix) and path.endswith(".sock"):
+            bound.add(path[len(prefix) :])
+    return bound | {p.name for p in shm.private_dir().glob("*.sock")}
+
+
+def handover_sockets() -> set[str]:
+    prefix = f"@feedbench-{os.getuid()}/"
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return {ln.split()[-1][len(prefix) :] for ln in lines if ln.split()[-1].startswith(prefix) and ln.endswith(".fd")}
 
 
 @pytest.fixture
@@ -123,19 +135,24 @@ def test_the_op_reads_slots(procs, ep) -> None:
     assert p.wait(60) == 0
 
 
-def test_regions_are_private_and_unguessable() -> None:
+def test_regions_are_anonymous_sealed_and_unguessable() -> None:
+    """No name in /dev/shm (nothing there to leak), a size nobody can change, a label nobody can guess."""
+    import fcntl
+
     r = shm.Region(2, 4096)
     try:
-        path = shm.SHM_DIR / r.name[1:]
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert not (shm.SHM_DIR / r.name[1:]).exists()
+        assert r.name in shm.regions_held_by(os.getpid())
+        assert fcntl.fcntl(r._fd, fcntl.F_GET_SEALS) & shm.SEALS == shm.SEALS
+        with pytest.raises(OSError):
+            os.ftruncate(r._fd, 4096)
         assert re.fullmatch(rf"/fb-{os.getpid()}-[0-9a-f]{{32}}", r.name)
         other = shm.Region(1, 4096)
         other.close()
         assert other.name != r.name
     finally:
         r.close()
-    assert not path.exists()
-    assert stat.S_IMODE(shm.private_dir().stat().st_mode) == 0o700
+    assert r.name not in shm.regions_held_by(os.getpid())
 
 
 def test_bad_shm_names_are_one_line(procs) -> None:
@@ -209,13 +226,13 @@ def test_signals_remove_the_regions_whether_or_not_a_consumer_mapped_them(procs,
     p = procs.producer(ep, *SMALL, "--workers", "2")
     deadline = time.monotonic() + 30
     pids = {w.pid for w in descendants(p.pid)}
-    while not any(shm.regions_of(pid) for pid in pids) and time.monotonic() < deadline:
+    while not any(shm.regions_held_by(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
         pids = {w.pid for w in descendants(p.pid)}
-    assert any(shm.regions_of(pid) for pid in pids), "the producer made no region"
+    assert any(shm.regions_held_by(pid) for pid in pids), "the producer made no region"
     os.killpg(p.pid, sig) if sig == signal.SIGINT else p.send_signal(sig)
     assert p.wait(30) == 0
-    assert not any(shm.regions_of(pid) for pid in pids)
+    assert not any(shm.regions_held_by(pid) for pid in pids)
 
 
 @pytest.mark.timeout(120)
@@ -223,14 +240,77 @@ def test_a_worker_killed_before_any_consumer_mapped_its_region_is_cleaned_up_by_
     p = procs.producer(ep, *SMALL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        workers = [w for w in descendants(p.pid) if shm.regions_of(w.pid)]
+        workers = [w for w in descendants(p.pid) if shm.regions_held_by(w.pid)]
         if workers:
             break
         time.sleep(0.05)
     (worker,) = workers
     worker.send_signal(signal.SIGKILL)
     assert p.wait(30) != 0
-    assert not shm.regions_of(worker.pid)
+    assert not shm.regions_held_by(worker.pid)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("consumer", [False, True])
+def test_sigkill_of_every_process_leaves_nothing_in_dev_shm_or_the_socket_folder(procs, consumer) -> None:
+    """Producers (launcher and workers) and the consumer all killed at once, before or after it mapped the regions."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    ep = f"shm://{name}"
+    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(shm.private_dir()))
+    family: list[psutil.Process] = []
+    if consumer:
+        code = textwrap.dedent(f"""
+            import numpy as np, sys
+            from zmq_ops.receiver import Receiver
+            ring = [[np.zeros(s, d) for d, s in {SPECS!r}] for _ in range(2)]
+            r = Receiver({ep!r}, {SPECS!r}, ring, timeout_ms={TIMEOUT_MS})
+            while len(r.producers()) < 2:  # both workers' regions are mapped
+                r.release(r.next())
+            print("ready", flush=True)
+            sys.stdin.read()
+        """)
+        c = procs.start("-c", code, stdin=subprocess.PIPE)
+        family.append(psutil.Process(c.pid))
+    p = procs.producer(ep, *SMALL, "--workers", "2")
+    if consumer:
+        assert c.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 60
+    workers: list[psutil.Process] = []
+    while time.monotonic() < deadline and len(workers) < 2:
+        workers = [w for w in descendants(p.pid) if shm.regions_held_by(w.pid)]
+        time.sleep(0.05)
+    assert len(workers) == 2, "the producer's workers made no regions"
+    family += [psutil.Process(p.pid), *descendants(p.pid)]
+    for q in family:
+        q.kill()
+    assert not psutil.wait_procs(family, timeout=30)[1]
+    assert set(os.listdir(shm.SHM_DIR)) - shm_before == set()
+    assert set(os.listdir(shm.private_dir())) - folder_before == set()
+    deadline = time.monotonic() + 10  # the kernel drops a dead process's sockets as it reaps it
+    while time.monotonic() < deadline and (f"{name}.sock" in sockets() or f"{name}.fd" in handover_sockets()):
+        time.sleep(0.1)
+    assert f"{name}.sock" not in sockets() and f"{name}.fd" not in handover_sockets()
+
+
+@pytest.mark.timeout(60)
+def test_a_region_from_another_process_or_never_handed_over_is_refused(ep) -> None:
+    """A slot message can only name a region its own producer handed over on the consumer's socket."""
+    with PullConsumer(ep, recv_timeout=30) as c:
+        s = Sender(ep)
+        try:
+            s.send(s.frames(0))
+            c.recv()
+            stranger = shm.Region(4, s.region.slot_size)  # a real region, never handed over
+            try:
+                offsets = stranger.write(0, s.arrays)
+                stranger.publish(0)
+                s.send(shm.encode(s.arrays, 0, 9, stranger.name, 0, offsets))
+                with pytest.raises(WireError, match=r"slot\.region: .* was never handed over"):
+                    c.recv()
+            finally:
+                stranger.close()
+        finally:
+            s.close()
 
 
 # ---------------------------------------------------------------- malformed slot messages
@@ -245,6 +325,7 @@ class Sender:
         self.sock.connect(shm.zmq_endpoint(ep))
         self.arrays = [np.arange(np.prod(s), dtype=d).reshape(s).astype(d) for d, s in SPECS]
         self.region = shm.Region(4, shm.layout(self.arrays)[1])
+        assert self.region.hand_over(ep)
         self.seq = 0
 
     def frames(self, slot: int = 0) -> list[bytes]:
@@ -406,11 +487,19 @@ def test_an_interrupted_run_on_an_external_shm_endpoint_removes_its_socket_file(
     assert producer.wait(30) == 0
 
 
-def test_a_slot_that_already_holds_the_same_read_only_arrays_is_not_rewritten() -> None:
+def test_a_slot_that_already_holds_the_same_read_only_arrays_is_rewritten_unless_reuse_is_asked() -> None:
     pool = [np.arange(96, dtype=np.uint8).reshape(2, 4, 4, 3).copy(), np.arange(2, dtype=np.int32)]
     for a in pool:
         a.flags.writeable = False
-    r = shm.Region(2, shm.layout(pool)[1])
+    honest = shm.Region(2, shm.layout(pool)[1])  # the default: every batch written anew
+    try:
+        honest.write(0, pool)
+        honest._data[0] = 255
+        honest.write(0, pool)
+        assert honest._data[0] == 0
+    finally:
+        honest.close()
+    r = shm.Region(2, shm.layout(pool)[1], reuse=True)
     try:
         r.write(0, pool)
         r._data[0] = 255  # stands in for "bytes the second write would have to restore"
@@ -551,6 +640,7 @@ for k in range(n):
         sock = ctx.socket(zmq.PUSH)
         sock.connect(shm.zmq_endpoint(endpoint))
         region = shm.Region(2, shm.layout(arrays)[1])
+        assert region.hand_over(endpoint)
         offsets = region.write(0, arrays)
         region.publish(0)
         sock.send_multipart(shm.encode(arrays, k, 0, region.name, 0, offsets))
@@ -612,7 +702,36 @@ def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig)
     assert not run_dir.exists(), list(run_dir.iterdir())
     assert not set(ours) & sockets(), "the run's socket file is left"
     assert not psutil.wait_procs(family[1:], timeout=30)[1], "producers outlived the run"
-    assert not any(shm.regions_of(q.pid) for q in family)
+    assert not any(shm.regions_held_by(q.pid) for q in family)
+
+
+@pytest.mark.timeout(300)
+def test_a_whole_shm_run_killed_by_sigkill_leaves_nothing_in_dev_shm_or_the_socket_folder(procs, ipc_dir) -> None:
+    """`--transport shm`, the trainer and every producer process SIGKILLed at once, regions mapped and in use."""
+    tmp = Path(ipc_dir)
+    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(shm.private_dir()))
+    p = procs.start(
+        "bench_input.py", "--transport", "shm", "--fake-location", "zmq-consume", "--input-only", "--num-gpus", "1",
+        "--batch", "2", "--image-size", "4", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not list(tmp.glob("feedbench-*/producer-*.json")) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (run_dir,) = tmp.glob("feedbench-*")
+    ours = [s for s in sockets() if s.startswith(f"{run_dir.name}-")]
+    assert ours, "the run bound no shm:// endpoint"
+    family = [psutil.Process(p.pid), *descendants(p.pid)]
+    assert any(shm.regions_held_by(q.pid) for q in family), "no process holds a region"
+    for q in family:
+        q.kill()
+    assert not psutil.wait_procs(family, timeout=30)[1]
+    assert set(os.listdir(shm.SHM_DIR)) - shm_before == set()
+    assert set(os.listdir(shm.private_dir())) - folder_before == set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and set(ours) & sockets():
+        time.sleep(0.1)
+    assert not set(ours) & sockets()
 
 
 @pytest.mark.timeout(120)
@@ -622,11 +741,11 @@ def test_a_worker_killed_is_reported_at_once_and_its_region_removed(procs, ep) -
     deadline = time.monotonic() + 60
     workers: list[psutil.Process] = []
     while time.monotonic() < deadline and len(workers) < 2:  # both have made their region (no consumer yet)
-        workers = [w for w in descendants(p.pid) if shm.regions_of(w.pid)]
+        workers = [w for w in descendants(p.pid) if shm.regions_held_by(w.pid)]
         time.sleep(0.05)
     victim = min(workers, key=lambda w: w.create_time())
     victim.send_signal(signal.SIGKILL)
     assert p.wait(30) == 1
     lines = [ln for ln in p.stderr.read().splitlines() if ln.startswith("error")]
     assert len(lines) == 1 and re.fullmatch(r"error: producer worker [01]: killed by SIGKILL", lines[0]), lines
-    assert not any(shm.regions_of(w.pid) for w in workers)
+    assert not any(shm.regions_held_by(w.pid) for w in workers)

@@ -77,11 +77,9 @@ def check(endpoint: str, bind: bool, allow_remote: bool = False, secured: bool =
     elif scheme == "shm":
         try:
             shm.check_name(endpoint)
-            if bind:  # one consumer per NAME, as ipc has it (its slot messages' socket)
-                socket_path = shm.zmq_endpoint(endpoint)[len("ipc://") :]
         except shm.ShmError as e:
             raise EndpointError(str(e)) from None
-        if bind and ipc_served(socket_path):
+        if bind and shm.served(endpoint):  # one consumer per NAME, as ipc has it
             raise EndpointError(f"endpoint {endpoint!r}: cannot bind: address already in use")
     elif scheme == "ipc" and bind:
         path = addr

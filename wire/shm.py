@@ -1,34 +1,43 @@
 """Shared-memory slots for `shm://NAME` endpoints: the batch in shared memory, a slot message over ZMQ.
 
 On one machine a batch then costs one write by the producer (into a slot) and
-one copy by the consumer (out of the slot into its tensor), instead of a
-socket write, a socket read and a copy. The layout is in docs/wire.md
-("Shared memory"); the C++ consumer is zmq_ops/src/shm.cc.
+at most one copy by the consumer (none when its tensors are the slot itself),
+instead of a socket write, a socket read and a copy. The layout is in
+docs/wire.md ("Shared memory"); the C++ consumer is zmq_ops/src/shm.cc.
 
-- Each producer worker owns one region, ``/dev/shm/fb-<pid>-<32 random hex>``,
-  created with O_EXCL and mode 0600: a header, one state word per slot (0
-  free, 1 published, 2 taken by the consumer) and N slots.
-- The producer waits for a free slot, writes the whole batch into it, marks it
-  published and only then sends the slot message (a native header with magic
-  ``FBWS`` and a descriptor frame naming region, slot and offsets) over an
-  ipc socket in the private folder ``/tmp/feedbench-<uid>`` (0700). A producer
-  that dies mid-write has sent nothing, so no half-written slot is ever seen.
-- The consumer maps a region on first sight and unlinks its name at once, so
-  nothing is left in /dev/shm whoever dies later; producers also unlink their
-  own region on every exit, and the launcher removes those of workers that
-  were killed. The consumer checks every field against the region before it
-  reads, claims the slot (1 -> 2), copies out, and frees it (-> 0).
+- Each producer worker owns one region: an anonymous memory file
+  (``memfd_create``, labelled ``fb-<pid>-<32 random hex>``) with a header, one
+  state word per slot (0 free, 1 published, 2 taken by the consumer) and N
+  slots. It has no name in any folder, so when every process that holds it
+  dies (even by SIGKILL) the kernel frees it: nothing can be left in /dev/shm.
+  Its size is sealed (F_SEAL_SHRINK | F_SEAL_GROW), so nobody can make a
+  reader fault by shrinking it.
+- The region reaches the consumer over a unix socket with SCM_RIGHTS: the
+  consumer listens on an abstract address derived from NAME, checks that the
+  peer is this user (SO_PEERCRED) and is the process the region is labelled
+  with; the producer checks that the listener is this user before handing
+  the descriptor over. Only then are slot messages (a native header with
+  magic ``FBWS`` and a descriptor frame naming region, slot and offsets) sent
+  over ZMQ, on an abstract ipc address that admits only this user's
+  processes. A producer that dies mid-write has sent nothing, so no
+  half-written slot is ever seen.
+- The consumer checks every field against the region before it reads, claims
+  the slot (1 -> 2), and frees it (-> 0) once it is done with it (after its
+  copy, or when the last tensor over the slot is dropped).
 - Back-pressure is the bounded number of slots: a producer waits for a free
   one and gives up, like a blocked send, after ``--give-up-after`` seconds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import math
 import mmap
 import os
 import re
 import secrets
+import select
+import socket
 import struct
 import sys
 import time
@@ -53,6 +62,10 @@ PAGE = 4096
 ALIGN = 64
 SHM_DIR = Path("/dev/shm")
 FREE, PUBLISHED, TAKEN = 0, 1, 2
+HANDOVER_MAGIC = b"FBHO"  # a region's descriptor handed to the consumer: magic + region name, fd in SCM_RIGHTS
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+HANDOVER_WAIT_S = 2.0  # how long a consumer waits for the descriptor of a region a slot message names
+MAX_PENDING = 256  # descriptors handed over but not yet named by a slot message
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _REGION = re.compile(r"/fb-[0-9]+-[0-9a-f]{32}")
@@ -89,16 +102,52 @@ def check_name(endpoint: str) -> str:
 
 
 def zmq_endpoint(endpoint: str) -> str:
-    """The ipc:// endpoint that carries shm://NAME's slot messages (the same path the C++ side derives)."""
-    return f"ipc://{private_dir()}/{check_name(endpoint)}.sock"
+    """The ipc:// endpoint that carries shm://NAME's slot messages (the same one the C++ side derives).
+
+    An abstract unix address (Linux): it has no file, so nothing is left behind
+    however its binder ends; the binding side admits only this user's processes
+    (ZMQ_IPC_FILTER_UID).
+    """
+    return f"ipc://@feedbench-{os.getuid()}/{check_name(endpoint)}.sock"
+
+
+def handover_address(endpoint: str) -> bytes:
+    """The abstract unix address where shm://NAME's consumer takes regions' descriptors."""
+    return f"\0feedbench-{os.getuid()}/{check_name(endpoint)}.fd".encode()
+
+
+def served(endpoint: str) -> bool:
+    """True when a consumer has bound shm://NAME's slot-message socket (abstract: listed in /proc/net/unix)."""
+    want = {zmq_endpoint(endpoint)[len("ipc://") :]}
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(ln.split()[-1] in want for ln in lines if len(ln.split()) >= 8)
 
 
 def remove_socket(endpoint: str) -> None:
-    """Remove the socket file of a bound shm:// endpoint (libzmq leaves it behind)."""
+    """Remove a socket file an older version left for `endpoint` (today's addresses are abstract: no file)."""
     try:
         (Path(f"/tmp/feedbench-{os.getuid()}") / f"{check_name(endpoint)}.sock").unlink(missing_ok=True)
     except ShmError:
         pass
+
+
+def restrict_to_user(sock) -> None:
+    """Admit only this user's processes to a bound ZMQ ipc socket (no-op where libzmq lacks the filter)."""
+    import zmq  # the one place this module needs ZMQ; imported late to keep importing it light
+
+    try:
+        sock.setsockopt(getattr(zmq, "IPC_FILTER_UID", 59), os.getuid())
+    except zmq.ZMQError:
+        pass
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket, as the kernel saw it connect."""
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid
 
 
 def _round(n: int, to: int) -> int:
@@ -115,30 +164,52 @@ def layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
 
 
 def regions_of(pid: int) -> list[Path]:
-    """Regions a (dead) producer process left in /dev/shm, for its parent to remove."""
+    """Files named after `pid`'s regions in /dev/shm: always none now that regions are anonymous.
+
+    Kept so that a launcher still removes what an older producer version left.
+    """
     return sorted(SHM_DIR.glob(f"fb-{pid}-*"))
 
 
-class Region:
-    """A producer's region: N slots in shared memory, private to this user, removed on close()."""
+def regions_held_by(pid: int) -> list[str]:
+    """Names of the regions process `pid` holds open or mapped (from /proc; [] once it has exited)."""
+    names: set[str] = set()
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(fd.path)
+            except OSError:
+                continue
+            m = re.fullmatch(r"/memfd:(fb-[0-9]+-[0-9a-f]{32}) \(deleted\)", target)
+            if m:
+                names.add("/" + m.group(1))
+    except OSError:
+        return []
+    return sorted(names)
 
-    def __init__(self, slots: int, slot_size: int) -> None:
+
+class Region:
+    """A producer's region: N slots in an anonymous memory file, freed when its last holder lets go."""
+
+    def __init__(self, slots: int, slot_size: int, reuse: bool = False) -> None:
+        """`reuse`: a slot that already holds the very same read-only arrays is published again unwritten."""
         if not 1 <= slots <= MAX_SLOTS:
             raise ShmError(f"a region holds 1..{MAX_SLOTS} slots, not {slots}")
         self.slots, self.slot_size = slots, _round(slot_size, PAGE)
         self.data_offset = _round(HEADER + STATE_STRIDE * slots, PAGE)
         size = self.data_offset + slots * self.slot_size
         self.name = f"/fb-{os.getpid()}-{secrets.token_hex(16)}"
-        self._path = SHM_DIR / self.name[1:]
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        self.handed_over = False  # its descriptor has reached the current consumer
+        self.reuse = reuse
+        fd = os.memfd_create(self.name[1:], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
             self._map = mmap.mmap(fd, size)
         except BaseException:
-            os.unlink(self._path)
-            raise
-        finally:
             os.close(fd)
+            raise
+        self._fd = fd
         head = _REGION_HEAD.pack(REGION_MAGIC, REGION_VERSION, slots, 0, self.slot_size, self.data_offset)
         self._map[: len(head)] = head
         buf = np.frombuffer(self._map, dtype=np.uint8)
@@ -168,9 +239,10 @@ class Region:
     def write(self, slot: int, arrays: Sequence[np.ndarray]) -> list[int]:
         """Copy the batch into `slot`; returns the offsets for the slot message.
 
-        Read-only arrays (a synthetic source's pool) that the slot already
-        holds from an earlier round are not copied again: nobody can have
-        changed them, and the consumer only reads slots.
+        With `reuse`, read-only arrays (a synthetic source's pool) that the slot
+        already holds from an earlier round are not copied again: nobody can
+        have changed them. Off by default: a consumer that uses slots in place
+        may write into them, and a real producer writes every batch anyway.
         """
         offsets, size = layout(arrays)
         if size > self.slot_size:
@@ -183,7 +255,7 @@ class Region:
         for a, off in zip(arrays, offsets, strict=True):
             dst = self._data[base + off : base + off + a.nbytes]
             np.copyto(dst, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-        if all(not a.flags.writeable and a.base is None for a in arrays):
+        if self.reuse and all(not a.flags.writeable and a.base is None for a in arrays):
             self._holds[slot] = tuple(arrays)  # kept alive, so their identity cannot be reused
         return offsets
 
@@ -206,15 +278,39 @@ class Region:
         """Mark a written slot as the consumer's (after every byte of it is written)."""
         self._state[slot] = PUBLISHED
 
+    def hand_over(self, endpoint: str, give_up_after: float = HANDOVER_WAIT_S) -> bool:
+        """Pass the region's descriptor to shm://NAME's consumer (SCM_RIGHTS); False if none takes it in time.
+
+        The listener must belong to this user (SO_PEERCRED), or nothing is sent.
+        Once this returns True the descriptor is queued in the consumer's socket,
+        so a slot message sent after it always finds its region.
+        """
+        deadline = time.monotonic() + give_up_after
+        while True:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
+                s.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    s.connect(handover_address(endpoint))
+                    _, uid = _peer(s)
+                    if uid != os.getuid():
+                        raise ShmError(f"{endpoint}: its consumer runs as user {uid}, not as this user")
+                    socket.send_fds(s, [HANDOVER_MAGIC + self.name.encode()], [self._fd])
+                    self.handed_over = True
+                    return True
+                except (ConnectionRefusedError, FileNotFoundError, TimeoutError, BlockingIOError):
+                    pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
     def unlink(self) -> None:
-        try:
-            os.unlink(self._path)
-        except FileNotFoundError:
-            pass  # the consumer removed the name once it had mapped the region
+        """Nothing to remove: the region has no name in any folder."""
 
     def close(self) -> None:
-        """Remove the name and unmap (the consumer's mapping, if any, stays valid)."""
-        self.unlink()
+        """Close and unmap (a consumer's mapping, if any, stays valid: the memory lives until it unmaps too)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         self._state = self._data = None
         try:
             self._map.close()
@@ -276,23 +372,86 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[native.Header, SlotRef
     return header, SlotRef(region, slot, offsets)
 
 
-class _Mapped:
-    def __init__(self, name: str) -> None:
-        path = SHM_DIR / name[1:]
+class Handover:
+    """The consumer's end of the region hand-over: an abstract unix socket taking descriptors (SCM_RIGHTS).
+
+    A descriptor is kept only from a peer that runs as this user and is the
+    process its region is labelled with (/fb-<pid>-...); it waits here until a
+    slot message names the region.
+    """
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+            self._sock.bind(handover_address(endpoint))
+            self._sock.listen(128)
         except OSError as e:
-            raise WireError("slot.region", f"{name} cannot be opened: {e.strerror}") from None
+            self._sock.close()
+            why = "address already in use" if e.errno == 98 else e.strerror
+            raise ShmError(f"endpoint {endpoint!r}: cannot bind: {why}") from None
+        self._sock.setblocking(False)
+        self._fds: dict[str, int] = {}  # insertion-ordered: the oldest is dropped past MAX_PENDING
+
+    def take(self, name: str, wait_s: float = HANDOVER_WAIT_S) -> int | None:
+        """The descriptor of region `name` (yours to close), waiting up to `wait_s`; None if it never came."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            self._drain()
+            if name in self._fds:
+                return self._fds.pop(name)
+            left = deadline - time.monotonic()
+            if left <= 0 or self._sock is None:
+                return None
+            select.select([self._sock], [], [], left)
+
+    def _drain(self) -> None:
+        while self._sock is not None:
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            with conn:
+                conn.settimeout(1.0)  # a peer sends right after connecting
+                try:
+                    pid, uid = _peer(conn)
+                    msg, fds, _, _ = socket.recv_fds(conn, 4 + 64, 2)
+                except OSError:
+                    continue
+                name = msg[4:].decode("ascii", "replace")
+                ok = uid == os.getuid() and msg[:4] == HANDOVER_MAGIC and len(fds) == 1
+                if not (ok and _REGION.fullmatch(name) and region_pid(name) == pid and name not in self._fds):
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                self._fds[name] = fds[0]
+                if len(self._fds) > MAX_PENDING:
+                    os.close(self._fds.pop(next(iter(self._fds))))
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class _Mapped:
+    def __init__(self, name: str, fd: int | None) -> None:
+        if fd is None:
+            raise WireError("slot.region", f"{name} was never handed over by a producer of this user")
         try:
             st = os.fstat(fd)
-            if st.st_uid != os.getuid() or st.st_mode & 0o077:
-                raise WireError("slot.region", f"{name} is not private to this user (mode 0600)")
+            if st.st_uid != os.getuid():
+                raise WireError("slot.region", f"{name} does not belong to this user")
+            if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
+                raise WireError("slot.region", f"{name}: its size is not sealed")
             if st.st_size < HEADER:
                 raise WireError("region.size", f"{name} has {st.st_size} bytes, less than its header")
             self.map = mmap.mmap(fd, st.st_size)
         finally:
             os.close(fd)
-        os.unlink(path)  # mapped: the name is no longer needed by anyone
         magic, version, slots, _, slot_size, data_offset = _REGION_HEAD.unpack_from(self.map, 0)
         if magic != REGION_MAGIC:
             raise WireError("region.magic", f"{name}: {magic!r} is not {REGION_MAGIC!r}")
@@ -343,7 +502,9 @@ class SlotReader:
     RETIRED = 4096  # names of unmapped regions remembered, to skip their late slot messages
     POOL = 8  # output arrays kept per (dtype, shape), reused once the caller has dropped them
 
-    def __init__(self) -> None:
+    def __init__(self, endpoint: str | None = None) -> None:
+        """`endpoint` (shm://NAME): listen there for regions handed over by producers."""
+        self._handover = Handover(endpoint) if endpoint is not None else None
         self._regions: dict[str, _Mapped] = {}
         self._retired: dict[str, None] = {}  # insertion-ordered: the oldest is forgotten first
         self._pool: dict[tuple, list[np.ndarray]] = {}
@@ -380,7 +541,8 @@ class SlotReader:
         """The batch as new arrays (the one copy), after which the slot is free again."""
         r = self._regions.get(ref.region)
         if r is None:
-            r = _Mapped(ref.region)
+            fd = self._handover.take(ref.region) if self._handover is not None else None
+            r = _Mapped(ref.region, fd)
             self._prune(ref.region)  # only now: a region that cannot be mapped retires nothing
             if len(self._regions) >= self.MAX_REGIONS:
                 _unmap(r)
@@ -407,6 +569,8 @@ class SlotReader:
             r.state[ref.slot] = FREE
 
     def close(self) -> None:
+        if self._handover is not None:
+            self._handover.close()
         for r in self._regions.values():
             _unmap(r)
         self._regions.clear()

@@ -14,6 +14,15 @@ back when done, so no Python runs per byte::
         ...                    # copy to the device
         r.release(i)
 
+With ``zero_copy=True`` there are no buffers to give: ``slots`` is how many
+batches you may hold at once, and ``next_arrays()`` returns numpy arrays over
+the batch where it already is (a shm:// producer's slot, or the received
+frames); ``torch.from_numpy`` makes tensors of them without a copy. The batch
+(and the producer's slot) is handed back when the last of them is dropped::
+
+    with Receiver("shm://feed", specs, 8, zero_copy=True) as r:
+        images, labels = (torch.from_numpy(a) for a in r.next_arrays())
+
 Buffers may be torch tensors, numpy arrays (anything with `data_ptr()` or
 `__array_interface__`, checked for size and contiguity) or raw addresses
 (ints, trusted). This module imports neither torch nor TensorFlow. The
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -63,8 +73,10 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.fb_receiver_open.restype = c_p
     lib.fb_receiver_open.argtypes = [
         c_char_p, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int), ctypes.POINTER(c_i64), c_int,
-        ctypes.POINTER(c_p), c_int, c_i64, c_i64, c_int, c_char_p, c_int, c_char_p, ctypes.c_size_t,
+        ctypes.POINTER(c_p), c_int, c_i64, c_i64, c_int, c_char_p, c_int, c_int, c_p, c_char_p, ctypes.c_size_t,
     ]  # fmt: skip
+    lib.fb_receiver_data.restype = c_int
+    lib.fb_receiver_data.argtypes = [c_p, c_int, ctypes.POINTER(c_p), c_int, c_char_p, ctypes.c_size_t]
     lib.fb_receiver_next.restype = c_int
     lib.fb_receiver_next.argtypes = [c_p, c_i64, c_char_p, ctypes.c_size_t]
     lib.fb_receiver_release.restype = c_int
@@ -101,6 +113,70 @@ def _address(buf: Any, nbytes: int, where: str) -> int:
     return ptr
 
 
+# void hook(void* base, uint64_t size, int mapped): see shm::MapHook in zmq_ops/src/shm.h.
+MAP_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int)
+
+
+def cuda_host_register(cudart: Any = None) -> Any:
+    """An `on_region` callback that registers each shm:// region with CUDA, and unregisters it before it is unmapped.
+
+    Registered (page-locked) host memory is what a GPU copies from by DMA, so
+    with zero-copy arrays over the slots a batch goes from the producer's slot
+    to the device with no CPU copy at all. `cudart` is torch's CUDA runtime
+    binding (default: ``torch.cuda.cudart()``), or anything with
+    cudaHostRegister(ptr, size, flags) / cudaHostUnregister(ptr) returning 0 on
+    success. A region that cannot be registered is still used (plain pageable
+    copies); the failure is counted in the callback's ``failures``.
+    """
+    if cudart is None:
+        import torch  # only when asked for: this module imports neither torch nor TensorFlow
+
+        cudart = torch.cuda.cudart()
+
+    def on_region(base: int, size: int, mapped: bool) -> None:
+        if mapped:
+            err = cudart.cudaHostRegister(base, size, 0)
+            if int(getattr(err, "value", err)) == 0:
+                on_region.registered[base] = size
+            else:
+                on_region.failures += 1
+        elif on_region.registered.pop(base, None) is not None:
+            cudart.cudaHostUnregister(base)
+
+    on_region.registered = {}
+    on_region.failures = 0
+    return on_region
+
+
+class _Held:
+    """One zero-copy batch: gives its ring slot (and the producer's slot) back when the last array over it dies."""
+
+    def __init__(self, receiver: Receiver, slot: int) -> None:
+        self.receiver, self.slot = receiver, slot
+        receiver._outstanding += 1
+
+    def __del__(self) -> None:
+        r = self.receiver
+        r._outstanding -= 1
+        if r._handle:
+            try:
+                r._lib.fb_receiver_release(r._handle, int(self.slot), None, 0)
+            except Exception:
+                pass
+            if r._closed and r._outstanding == 0:
+                r._free()  # closed while arrays were alive: the memory under them lives until now
+
+
+class _View:
+    """An array interface over one tensor of a held batch; keeps the batch alive while numpy uses it."""
+
+    def __init__(self, held: _Held, address: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self._held = held
+        self.__array_interface__ = {
+            "data": (address, False), "shape": shape, "typestr": dtype.str, "version": 3,
+        }  # fmt: skip
+
+
 class Receiver:
     """Native receive threads filling a ring of caller-owned slots from a ZMQ endpoint.
 
@@ -108,14 +184,17 @@ class Receiver:
     buffers per slot, in the order of `specs`. `timeout_ms` is next()'s wait
     (-1: forever); `max_msg_size` caps a frame (-1: unlimited); `curve_keys`
     is a `python -m producers make-keys` folder (CURVE encryption, and only
-    producers with the folder's client key are admitted).
+    producers with the folder's client key are admitted). `zero_copy`: no
+    buffers; `slots` is an int, how many batches may be held at once, and
+    next_arrays() gives arrays over each batch in place (`zero_copy` says
+    which path ran).
     """
 
     def __init__(
         self,
         endpoint: str,
         specs: Sequence[tuple[str | np.dtype, Sequence[int]]],
-        slots: Sequence[Sequence[Any]],
+        slots: Sequence[Sequence[Any]] | int,
         hwm: int = 4,
         timeout_ms: int = -1,
         max_msg_size: int = -1,
@@ -123,8 +202,19 @@ class Receiver:
         curve_keys: str | os.PathLike | None = None,
         threads: int = 2,
         allow_remote: bool = False,
+        zero_copy: bool = False,
+        on_region: Any = None,
     ) -> None:
+        """`on_region(base, size, mapped)`: called as shm:// regions are mapped (True) and just before they are
+        unmapped (False), from the receive threads; e.g. `cuda_host_register()`."""
         check_endpoint(endpoint, bind, allow_remote, secured=bool(curve_keys))
+        self.zero_copy = bool(zero_copy)
+        if self.zero_copy:
+            if not isinstance(slots, int) or slots < 1:
+                raise ValueError("a zero-copy Receiver takes `slots` as the number of batches one may hold (>= 1)")
+            slots = [[0] * len(specs) for _ in range(slots)]
+        elif isinstance(slots, int):
+            raise ValueError("Receiver needs buffers for each slot (or zero_copy=True)")
         self.endpoint = endpoint
         self.specs = [(np.dtype(d), tuple(int(x) for x in shape)) for d, shape in specs]
         if not self.specs or not slots:
@@ -143,11 +233,24 @@ class Receiver:
         dims = [x for _, shape in self.specs for x in shape]
         err = ctypes.create_string_buffer(_ERRLEN)
         self._lock = threading.Lock()
+        self._closed = False
+        self._outstanding = 0  # zero-copy batches whose arrays are alive
+        self._hook = None
+        if on_region is not None:
+
+            def hook(base: int, size: int, mapped: int) -> None:
+                try:
+                    on_region(base, size, bool(mapped))
+                except Exception as e:  # never let an exception unwind through C++
+                    print(f"warning: on_region for {endpoint}: {e}", file=sys.stderr)
+
+            self._hook = MAP_HOOK(hook)  # kept alive as long as the library may call it
         self._handle = self._lib.fb_receiver_open(
             endpoint.encode(), n, (ctypes.c_int * n)(*codes), (ctypes.c_int * n)(*ndims),
             (ctypes.c_int64 * max(1, len(dims)))(*dims), len(slots), (ctypes.c_void_p * len(ptrs))(*ptrs),
             int(hwm), int(timeout_ms), int(max_msg_size), int(bind),
-            os.fsencode(curve_keys) if curve_keys else None, int(threads), err, _ERRLEN,
+            os.fsencode(curve_keys) if curve_keys else None, int(threads), int(self.zero_copy),
+            ctypes.cast(self._hook, ctypes.c_void_p) if self._hook else None, err, _ERRLEN,
         )  # fmt: skip
         if not self._handle:
             raise ValueError(err.value.decode(errors="replace"))
@@ -167,6 +270,19 @@ class Receiver:
         if slot == -2:
             raise BatchError(why)
         raise RuntimeError(why)
+
+    def next_arrays(self, timeout_ms: int | None = None) -> list[np.ndarray]:
+        """Zero-copy: the next batch as arrays over it in place; given back when the last of them is dropped."""
+        if not self.zero_copy:
+            raise RuntimeError("next_arrays() needs a Receiver opened with zero_copy=True")
+        slot = self.next(timeout_ms)
+        held = _Held(self, slot)  # from here on, dropping it gives the slot back
+        n = len(self.specs)
+        ptrs = (ctypes.c_void_p * n)()
+        err = ctypes.create_string_buffer(_ERRLEN)
+        if self._lib.fb_receiver_data(self._handle, slot, ptrs, n, err, _ERRLEN) != 0:
+            raise RuntimeError(err.value.decode(errors="replace"))
+        return [np.asarray(_View(held, ptrs[i] or 0, dtype, shape)) for i, (dtype, shape) in enumerate(self.specs)]
 
     def release(self, slot: int) -> None:
         """Give a slot back to the receive threads."""
@@ -199,14 +315,24 @@ class Receiver:
             cap = n
 
     def close(self) -> None:
-        """Stop the threads and close the socket; slots are no longer written."""
+        """Stop the threads and close the socket; slots are no longer written.
+
+        Zero-copy arrays still alive keep their batches (and the regions under
+        them) valid: the rest is freed when the last of them is dropped.
+        """
         handle = self._handle
-        if not handle:
+        if not handle or self._closed:
             return
         self._lib.fb_receiver_stop(handle)  # wakes a next() waiting in another thread
+        self._closed = True
+        if self._outstanding == 0:
+            self._free()
+
+    def _free(self) -> None:
         with self._lock:
-            self._handle = None
-            self._lib.fb_receiver_close(handle)
+            handle, self._handle = self._handle, None
+            if handle:
+                self._lib.fb_receiver_close(handle)
 
     def __enter__(self) -> Receiver:
         return self

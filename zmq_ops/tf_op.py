@@ -45,6 +45,11 @@ def _load_library():
         ) from e
 
 
+def zero_copy_default() -> bool:
+    """Zero-copy outputs unless FEEDBENCH_ZERO_COPY=0 asks for the copying path."""
+    return os.environ.get("FEEDBENCH_ZERO_COPY", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 _ops = _load_library()
 zmq_connection = _ops.zmq_connection
 zmq_pull = _ops.zmq_pull
@@ -60,6 +65,11 @@ class ZMQPullSocket:
     more is disconnected, so it cannot make us allocate without bound), and
     `curve_keys` (a `python -m producers make-keys` folder: CURVE encryption,
     and only producers holding the folder's client key are admitted).
+
+    `zero_copy` (default: on, unless FEEDBENCH_ZERO_COPY=0): from shm://
+    producers, the pulled tensors' buffers are the producers' slots, handed
+    back when TensorFlow drops them; off, each batch is copied into new
+    tensors. `zero_copy` says which one ran (always False off shm://).
     """
 
     def __init__(
@@ -72,11 +82,13 @@ class ZMQPullSocket:
         timeout_ms: int = -1,
         max_msg_size: int = -1,
         curve_keys: str | os.PathLike | None = None,
+        zero_copy: bool | None = None,
     ) -> None:
         if not isinstance(bind, bool):
             raise TypeError(f"bind must be a bool, got {bind!r}")
         self._types = [tf.as_dtype(t) for t in types]
         self._end_point = end_point
+        self._zero_copy = zero_copy_default() if zero_copy is None else bool(zero_copy)
         self._name = name if name is not None else tf.compat.v1.get_default_graph().unique_name(type(self).__name__)
         self._handle = zmq_connection(
             end_point,
@@ -98,6 +110,11 @@ class ZMQPullSocket:
         return self._handle
 
     @property
+    def zero_copy(self) -> bool:
+        """True when pulls from this socket return tensors over the producers' slots (shm://, zero-copy on)."""
+        return self._zero_copy and self._end_point.startswith("shm://")
+
+    @property
     def end_point(self) -> str:
         return self._end_point
 
@@ -107,7 +124,7 @@ class ZMQPullSocket:
 
     def pull(self) -> list[tf.Tensor]:
         """One message's tensors, with the dtypes given at construction."""
-        return zmq_pull(self._handle, self._types)
+        return zmq_pull(self._handle, self._types, zero_copy=self._zero_copy)
 
     def stats(self) -> tuple[tf.Tensor, tf.Tensor]:
         """The connection's counters: int64 rows of (producer_id, received, lost, duplicated,
@@ -126,6 +143,7 @@ def dataset(
     num_parallel_calls: int | None = None,
     name: str | None = None,
     curve_keys: str | os.PathLike | None = None,
+    zero_copy: bool | None = None,
 ) -> tf.data.Dataset:
     """An endless tf.data.Dataset whose elements are the tuples the op pulls.
 
@@ -135,7 +153,7 @@ def dataset(
     `timeout_ms` passes without a message.
     """
     sock = ZMQPullSocket(end_point, types, hwm=hwm, bind=bind, name=name, timeout_ms=timeout_ms,
-                         max_msg_size=max_msg_size, curve_keys=curve_keys)  # fmt: skip
+                         max_msg_size=max_msg_size, curve_keys=curve_keys, zero_copy=zero_copy)  # fmt: skip
     static = list(shapes) if shapes is not None else [None] * len(sock.types)
     if len(static) != len(sock.types):
         raise ValueError(f"{len(static)} shapes given for {len(sock.types)} types")

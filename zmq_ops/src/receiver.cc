@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -60,14 +61,24 @@ class Receiver {
     std::string error;
   };
 
+  // Zero-copy: what a ring slot holds instead of a copy.
+  struct Held {
+    std::unique_ptr<core::Message> msg;      // the frames (non-shm messages)
+    std::shared_ptr<shm::SlotLease> lease;   // the producer's slot (shm://)
+    std::vector<char*> data;                 // each tensor's address
+  };
+
   Receiver(const core::ConnectionOptions& options, std::vector<Field> fields, std::vector<std::vector<char*>> slots,
-           int64_t timeout_ms)
+           int64_t timeout_ms, bool zero_copy, shm::MapHook map_hook)
       : conn_(options),
         fields_(std::move(fields)),
         slots_(std::move(slots)),
         state_(slots_.size(), kFree),
-        timeout_ms_(timeout_ms) {
+        timeout_ms_(timeout_ms),
+        zero_copy_(zero_copy),
+        held_(slots_.size()) {
     for (size_t i = 0; i < slots_.size(); ++i) free_.push_back(static_cast<int>(i));
+    conn_.SetMapHook(map_hook);
   }
 
   ~Receiver() { Stop(); }
@@ -94,6 +105,11 @@ class Receiver {
   int Next(int64_t timeout_ms, std::string* err) {
     if (timeout_ms < -1) timeout_ms = timeout_ms_;
     std::unique_lock<std::mutex> lock(mu_);
+    if (ready_.empty() && std::all_of(state_.begin(), state_.end(), [](SlotState st) { return st == kHeld; })) {
+      *err = "all " + std::to_string(state_.size()) + " slots of the receiver for " + conn_.options().end_point +
+             " are held: release a batch (or drop its arrays) before asking for the next, or open more slots";
+      return -2;
+    }
     auto have = [this] { return stopping_ || !ready_.empty(); };
     if (timeout_ms < 0) {
       cv_ready_.wait(lock, have);
@@ -124,8 +140,21 @@ class Receiver {
       return false;
     }
     state_[slot] = kFree;
+    held_[slot] = Held();  // hands a zero-copy batch's slot back to its producer
     free_.push_back(slot);
     cv_free_.notify_one();
+    return true;
+  }
+
+  // Zero-copy: the addresses of a held slot's tensors.
+  bool Data(int slot, void** ptrs, int n, std::string* err) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!zero_copy_ || slot < 0 || slot >= static_cast<int>(slots_.size()) || state_[slot] != kHeld ||
+        n != static_cast<int>(held_[slot].data.size())) {
+      *err = "slot " + std::to_string(slot) + " is not a held zero-copy batch of " + std::to_string(n) + " tensors";
+      return false;
+    }
+    for (int i = 0; i < n; ++i) ptrs[i] = held_[slot].data[i];
     return true;
   }
 
@@ -162,8 +191,8 @@ class Receiver {
       const int slot = TakeFree();
       if (slot < 0) return;
       while (true) {
-        core::Message msg;
-        Status s = conn_.Receive(&msg, stopping, kSliceMs);
+        auto msg = std::make_unique<core::Message>();
+        Status s = conn_.Receive(msg.get(), stopping, kSliceMs);
         if (s.code == Code::kDeadlineExceeded) continue;
         if (s.code == Code::kCancelled) {
           Finish(slot, "receiver for " + conn_.options().end_point + " is closed");
@@ -173,7 +202,7 @@ class Receiver {
           Finish(slot, s.message);
           break;
         }
-        Finish(slot, Fill(msg, slot));
+        Finish(slot, Fill(std::move(msg), slot));
         break;
       }
     }
@@ -181,16 +210,20 @@ class Receiver {
 
   // Checks a received message against the fields and copies it into `slot`;
   // returns "" or the error naming the field.
-  std::string Fill(const core::Message& msg, int slot) {
+  std::string Fill(std::unique_ptr<core::Message> owned, int slot) {
+    const core::Message& msg = *owned;
     const std::string& ep = conn_.options().end_point;
     if (!msg.ok()) {
       return std::string("bad ") + (msg.native() ? "native" : "zmq_ops") + " message from " + ep + ": " +
              msg.error().ToString();
     }
     std::vector<wire::TensorView> tensors = msg.tensors();
-    shm::SlotLease lease;  // a shared-memory slot goes back to its producer after the copy
+    // A shared-memory slot goes back to its producer after the copy (or, zero-copy, on release).
+    auto lease = std::make_shared<shm::SlotLease>();
     wire::WireError werr;
-    if (!conn_.ResolveSlot(msg, &tensors, &lease, &werr)) return "bad slot message from " + ep + ": " + werr.ToString();
+    if (!conn_.ResolveSlot(msg, &tensors, lease.get(), &werr)) {
+      return "bad slot message from " + ep + ": " + werr.ToString();
+    }
     if (tensors.size() != fields_.size()) {
       return "n_tensors: message from " + ep + " has " + std::to_string(tensors.size()) +
              " tensors, the receiver expects " + std::to_string(fields_.size());
@@ -208,6 +241,19 @@ class Receiver {
                ShapeString(f.shape);
       }
     }
+    if (zero_copy_) {
+      Held h;
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        char* p = const_cast<char*>(tensors[i].data);  // ours until released: the producer's slot or our frames
+        if (fields_[i].dtype == 10) CopyOut(p, p, tensors[i].nbytes, 10);  // bools made valid in place
+        h.data.push_back(p);
+      }
+      h.lease = std::move(lease);
+      h.msg = std::move(owned);
+      std::lock_guard<std::mutex> lock(mu_);
+      held_[slot] = std::move(h);
+      return "";
+    }
     for (size_t i = 0; i < tensors.size(); ++i) {
       CopyOut(slots_[slot][i], tensors[i].data, tensors[i].nbytes, fields_[i].dtype);
     }
@@ -219,6 +265,8 @@ class Receiver {
   const std::vector<std::vector<char*>> slots_;
   std::vector<SlotState> state_;
   const int64_t timeout_ms_;
+  const bool zero_copy_;
+  std::vector<Held> held_;  // zero-copy: what each ring slot holds (guarded by mu_)
 
   std::mutex mu_;
   std::condition_variable cv_free_, cv_ready_;
@@ -268,13 +316,16 @@ extern "C" {
 
 // Opens a receiver: `n_fields` tensors per batch, field i of dtype code
 // dtypes[i] (TensorFlow's DataType enum, as on the wire) and shape
-// dims[sum(ndims[:i]) .. +ndims[i]]; `n_slots` slots whose buffers are
+// dims[sum(ndims[:i]) .. +ndims[i]]; `n_slots` slots whose buffers are (unless
+// `zero_copy`: then ptrs may be null and a slot holds a batch in place).
+// `map_hook` (may be null): a shm::MapHook called as shm:// regions are mapped
+// and unmapped, e.g. to register them with CUDA.
 // ptrs[slot * n_fields + i], each at least the field's size. Returns a handle,
 // or null with `err` filled.
 __attribute__((visibility("default"))) void* fb_receiver_open(
     const char* endpoint, int n_fields, const int* dtypes, const int* ndims, const int64_t* dims, int n_slots,
     void* const* ptrs, int hwm, int64_t timeout_ms, int64_t max_msg_size, int bind, const char* curve_dir,
-    int threads, char* err, size_t errlen) {
+    int threads, int zero_copy, void* map_hook, char* err, size_t errlen) {
   using feedbench::Field;
   if (n_fields < 1 || n_slots < 1 || threads < 1) {
     SetError(err, errlen, "the receiver needs at least one field, one slot and one thread");
@@ -298,7 +349,7 @@ __attribute__((visibility("default"))) void* fb_receiver_open(
   }
   std::vector<std::vector<char*>> slots(n_slots, std::vector<char*>(n_fields));
   for (int s = 0; s < n_slots; ++s) {
-    for (int i = 0; i < n_fields; ++i) slots[s][i] = static_cast<char*>(ptrs[s * n_fields + i]);
+    for (int i = 0; i < n_fields; ++i) slots[s][i] = zero_copy ? nullptr : static_cast<char*>(ptrs[s * n_fields + i]);
   }
   feedbench::core::ConnectionOptions o;
   o.end_point = endpoint;
@@ -306,7 +357,8 @@ __attribute__((visibility("default"))) void* fb_receiver_open(
   o.bind = bind != 0;
   o.max_msg_size = max_msg_size;
   o.curve_keys_dir = curve_dir != nullptr ? curve_dir : "";
-  auto* r = new Receiver(o, std::move(fields), std::move(slots), timeout_ms);
+  auto* r = new Receiver(o, std::move(fields), std::move(slots), timeout_ms, zero_copy != 0,
+                         reinterpret_cast<feedbench::shm::MapHook>(map_hook));
   feedbench::core::Status s = r->Start(threads);
   if (!s.ok()) {
     SetError(err, errlen, s.message);
@@ -326,6 +378,15 @@ __attribute__((visibility("default"))) int fb_receiver_next(void* h, int64_t tim
 __attribute__((visibility("default"))) int fb_receiver_release(void* h, int slot, char* err, size_t errlen) {
   std::string e;
   if (static_cast<Receiver*>(h)->Release(slot, &e)) return 0;
+  SetError(err, errlen, e);
+  return -1;
+}
+
+// Zero-copy: the addresses of the n tensors of held slot `slot`; 0, or -1 with `err`.
+__attribute__((visibility("default"))) int fb_receiver_data(void* h, int slot, void** ptrs, int n, char* err,
+                                                           size_t errlen) {
+  std::string e;
+  if (static_cast<Receiver*>(h)->Data(slot, ptrs, n, &e)) return 0;
   SetError(err, errlen, e);
   return -1;
 }

@@ -3,12 +3,16 @@
 #include "shm.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -67,17 +71,7 @@ bool ZmqEndpoint(const std::string& end_point, std::string* ipc, std::string* er
     *err = "endpoint '" + end_point + "': NAME must be 1-64 characters of A-Z a-z 0-9 _ . -";
     return false;
   }
-  const std::string dir = "/tmp/feedbench-" + std::to_string(getuid());
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    *err = "endpoint '" + end_point + "': cannot create " + dir + ": " + strerror(errno);
-    return false;
-  }
-  struct stat st;
-  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
-    *err = "endpoint '" + end_point + "': " + dir + " must be a folder of yours that only you can enter (mode 0700)";
-    return false;
-  }
-  *ipc = "ipc://" + dir + "/" + name + ".sock";
+  *ipc = "ipc://@feedbench-" + std::to_string(getuid()) + "/" + name + ".sock";
   return true;
 }
 
@@ -118,12 +112,28 @@ bool DecodeSlotMessage(const std::vector<wire::Frame>& frames, size_t total_fram
   return true;
 }
 
-Mapping::~Mapping() { munmap(base, size); }
+Mapping::~Mapping() {
+  if (hook != nullptr) hook(base, size, 0);
+  munmap(base, size);
+}
 
 void SlotLease::Release() {
   if (state_ != nullptr) __atomic_store_n(state_, 0u, __ATOMIC_RELEASE);
   state_ = nullptr;
   mapping_.reset();
+}
+
+bool SlotReader::AllTaken(uint32_t* slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *slots = 0;
+  for (const auto& [name, r] : regions_) {
+    for (uint32_t i = 0; i < r.slots; ++i) {
+      const auto* state = reinterpret_cast<const uint32_t*>(r.mapping->base + kRegionHeader + kStateStride * i);
+      if (__atomic_load_n(state, __ATOMIC_ACQUIRE) != 2u) return false;
+    }
+    *slots += r.slots;
+  }
+  return *slots > 0;
 }
 
 bool SlotReader::Retired(const std::string& region) {
@@ -149,17 +159,120 @@ void SlotReader::Prune(const std::string& added) {
   }
 }
 
+SlotReader::~SlotReader() {
+  if (listen_fd_ >= 0) close(listen_fd_);
+  for (auto& [name, fd] : handed_over_) close(fd);
+}
+
+bool SlotReader::Listen(const std::string& end_point, std::string* err) {
+  const std::string name = end_point.substr(sizeof(kEndpointScheme) - 1);
+  if (!ValidName(name)) {
+    *err = "endpoint '" + end_point + "': NAME must be 1-64 characters of A-Z a-z 0-9 _ . -";
+    return false;
+  }
+  const std::string path = "feedbench-" + std::to_string(getuid()) + "/" + name + ".fd";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, path.data(), path.size());  // abstract: a leading NUL, no file
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + path.size());
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 128) != 0) {
+    *err = "ZMQ endpoint " + end_point + ": cannot bind: " +
+           (errno == EADDRINUSE ? std::string("address already in use") : std::string(strerror(errno)));
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  listen_fd_ = fd;
+  return true;
+}
+
+void SlotReader::DrainHandovers() {
+  while (listen_fd_ >= 0) {
+    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) return;
+    ucred cred{};
+    socklen_t clen = sizeof(cred);
+    const bool cred_ok = getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 && cred.uid == getuid();
+    // A peer sends right after connecting; wait for it a moment at most.
+    pollfd p{conn, POLLIN, 0};
+    char buf[4 + kMaxNameLen + 1];
+    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+    iovec iov{buf, sizeof(buf)};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    ssize_t n = -1;
+    if (poll(&p, 1, 1000) == 1) n = recvmsg(conn, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    close(conn);
+    std::vector<int> fds;
+    for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; ++i) {
+          int f;
+          std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          fds.push_back(f);
+        }
+      }
+    }
+    const std::string name = n > 4 ? std::string(buf + 4, static_cast<size_t>(n) - 4) : std::string();
+    const bool ok = cred_ok && n > 4 && (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0 &&
+                    std::memcmp(buf, "FBHO", 4) == 0 && fds.size() == 1 && ValidRegionName(name) &&
+                    RegionPid(name) == static_cast<long>(cred.pid) && handed_over_.count(name) == 0;
+    if (!ok) {
+      for (int f : fds) close(f);
+      continue;
+    }
+    handed_over_[name] = fds[0];
+    handed_over_order_.push_back(name);
+    while (handed_over_.size() > kMaxRegions && !handed_over_order_.empty()) {
+      auto it = handed_over_.find(handed_over_order_.front());
+      handed_over_order_.pop_front();
+      if (it != handed_over_.end()) {
+        close(it->second);
+        handed_over_.erase(it);
+      }
+    }
+  }
+}
+
+int SlotReader::TakeHandedOver(const std::string& name, int wait_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  while (true) {
+    DrainHandovers();
+    auto it = handed_over_.find(name);
+    if (it != handed_over_.end()) {
+      const int fd = it->second;
+      handed_over_.erase(it);
+      return fd;
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0 || listen_fd_ < 0) return -1;
+    pollfd p{listen_fd_, POLLIN, 0};
+    poll(&p, 1, static_cast<int>(left));
+  }
+}
+
 bool SlotReader::Map(const std::string& name, Region* region, wire::WireError* err) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return Fail(err, "slot.region", name + " cannot be opened: " + strerror(errno));
+  const int fd = TakeHandedOver(name, 2000);
+  if (fd < 0) return Fail(err, "slot.region", name + " was never handed over by a producer of this user");
   struct stat st;
   if (fstat(fd, &st) != 0) {
     close(fd);
     return Fail(err, "slot.region", name + ": " + strerror(errno));
   }
-  if (st.st_uid != getuid() || (st.st_mode & 077) != 0) {
+  if (st.st_uid != getuid()) {
     close(fd);
-    return Fail(err, "slot.region", name + " is not private to this user (mode 0600)");
+    return Fail(err, "slot.region", name + " does not belong to this user");
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    close(fd);
+    return Fail(err, "slot.region", name + ": its size is not sealed");
   }
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < kRegionHeader) {
@@ -169,9 +282,6 @@ bool SlotReader::Map(const std::string& name, Region* region, wire::WireError* e
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) return Fail(err, "slot.region", name + " cannot be mapped: " + strerror(errno));
-  // Mapped: the name is no longer needed, and removing it now means nothing
-  // is left in /dev/shm however the producer or this process ends.
-  shm_unlink(name.c_str());
   const char* h = static_cast<const char*>(base);
   Region r;
   r.slots = Read<uint32_t>(h + 8);
@@ -199,7 +309,8 @@ bool SlotReader::Map(const std::string& name, Region* region, wire::WireError* e
     munmap(base, size);
     return Fail(err, field, name + ": " + why);
   }
-  r.mapping = std::make_shared<Mapping>(static_cast<char*>(base), size);
+  r.mapping = std::make_shared<Mapping>(static_cast<char*>(base), size, hook_);
+  if (hook_ != nullptr) hook_(base, size, 1);
   *region = r;
   return true;
 }

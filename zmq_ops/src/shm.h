@@ -1,16 +1,19 @@
 // Shared-memory slots for shm://NAME endpoints (the consumer's side).
 //
 // Design (docs/wire.md, "Shared memory"; Python side: wire/shm.py): each
-// producer worker owns a region /dev/shm/fb-<pid>-<32 random hex> (mode
-// 0600) of N slots, writes a whole batch into a free slot, marks it
-// published and only then sends a small slot message over ZMQ (an ipc socket
-// in a private folder, derived from NAME). The consumer maps the region on
-// first sight and unlinks its name at once (so nothing is left in /dev/shm
-// whoever dies later), checks every field of the slot message against the
-// region before it reads a byte, copies the tensors out and marks the slot
-// free again (the producer polls the slot states for a free one).
+// producer worker owns a region, an anonymous memory file (memfd_create,
+// labelled fb-<pid>-<32 random hex>, its size sealed) of N slots. It hands
+// the region's descriptor to the consumer over a unix socket (SCM_RIGHTS, on
+// an abstract address derived from NAME) before its first slot message, so no
+// region ever has a name in /dev/shm and the kernel frees it when the last
+// process holding it ends, however it ends. The producer writes a whole batch
+// into a free slot, marks it published and only then sends a small slot
+// message over ZMQ. The consumer checks every field of the slot message
+// against the region before it reads a byte, claims the slot, and marks it
+// free again when it is done with it (after a copy, or when the last tensor
+// over the slot is dropped).
 //
-// Nothing here depends on TensorFlow or on a socket.
+// Nothing here depends on TensorFlow.
 
 #ifndef FEEDBENCH_ZMQ_OPS_SHM_H_
 #define FEEDBENCH_ZMQ_OPS_SHM_H_
@@ -50,9 +53,9 @@ struct SlotRef {
 
 // True for shm://NAME.
 bool IsShmEndpoint(const std::string& end_point);
-// The ipc:// endpoint that carries shm://NAME's slot messages, in the private
-// folder /tmp/feedbench-<uid> (created 0700; refused if someone else owns it
-// or others may enter it). False with `err` naming the endpoint otherwise.
+// The ipc:// endpoint that carries shm://NAME's slot messages: an abstract
+// unix address (no file), ipc://@feedbench-<uid>/NAME.sock. False with `err`
+// naming the endpoint for a bad NAME.
 bool ZmqEndpoint(const std::string& end_point, std::string* ipc, std::string* err);
 
 // A message whose frame 0 starts with the slot magic.
@@ -67,13 +70,19 @@ bool DecodeSlotMessage(const std::vector<wire::Frame>& frames, size_t total_fram
 // One mapped region; unmapped when the last holder (the reader's table, a
 // lease) lets go, so a region retired while a batch is copied out of it stays
 // mapped until that copy is done.
+// Called with (base, size, 1) once a region is mapped and (base, size, 0)
+// just before it is unmapped: e.g. to register it with CUDA (cudaHostRegister)
+// so copies to a GPU read the slots by DMA, and to unregister it in time.
+using MapHook = void (*)(void* base, uint64_t size, int mapped);
+
 struct Mapping {
-  Mapping(char* b, size_t s) : base(b), size(s) {}
+  Mapping(char* b, size_t s, MapHook h) : base(b), size(s), hook(h) {}
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   char* base;
   size_t size;
+  MapHook hook;
 };
 
 // Hands a slot back to its producer when destroyed (or on Release()).
@@ -84,6 +93,7 @@ class SlotLease {
   SlotLease(const SlotLease&) = delete;
   SlotLease& operator=(const SlotLease&) = delete;
   void Release();
+  bool held() const { return state_ != nullptr; }
 
  private:
   friend class SlotReader;
@@ -101,7 +111,7 @@ class SlotLease {
 class SlotReader {
  public:
   SlotReader() = default;
-  ~SlotReader() = default;
+  ~SlotReader();
   SlotReader(const SlotReader&) = delete;
   SlotReader& operator=(const SlotReader&) = delete;
 
@@ -110,6 +120,18 @@ class SlotReader {
   // and size against the slot, and that the slot is published. The lease
   // gives the slot back. False with `err` (field: why) otherwise.
   bool Resolve(const SlotRef& ref, std::vector<wire::TensorView>* tensors, SlotLease* lease, wire::WireError* err);
+
+  // Set before the first slot message (see MapHook); null: none.
+  void SetMapHook(MapHook hook) { hook_ = hook; }
+
+  // True when regions are mapped and every slot of every one is taken by this
+  // consumer (`slots`: how many): no producer can publish until one is released.
+  bool AllTaken(uint32_t* slots);
+
+  // Listens for regions handed over by shm://NAME's producers (an abstract
+  // unix socket; only peers of this user, each only for regions labelled with
+  // its own pid). False with `err` (e.g. another consumer has NAME).
+  bool Listen(const std::string& end_point, std::string* err);
 
   // True for a region this reader unmapped because its producer exited or
   // moved on: its slot messages carry batches nobody can read any more.
@@ -124,8 +146,14 @@ class SlotReader {
   };
   bool Map(const std::string& name, Region* region, wire::WireError* err);
   void Prune(const std::string& added);  // with mu_ held
+  int TakeHandedOver(const std::string& name, int wait_ms);  // with mu_ held; -1 if it never came
+  void DrainHandovers();                                     // with mu_ held
 
   std::mutex mu_;
+  MapHook hook_ = nullptr;
+  int listen_fd_ = -1;
+  std::map<std::string, int> handed_over_;  // descriptors not yet named by a slot message
+  std::deque<std::string> handed_over_order_;
   std::map<std::string, Region> regions_;
   std::set<std::string> retired_;
   std::deque<std::string> retired_order_;  // oldest first, forgotten past kMaxRetired

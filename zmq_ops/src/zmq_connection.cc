@@ -19,6 +19,8 @@ absl::Status ToTf(const core::Status& s) {
       return absl::CancelledError(s.message);
     case core::Code::kUnavailable:
       return absl::UnavailableError(s.message);
+    case core::Code::kResourceExhausted:
+      return absl::ResourceExhaustedError(s.message);
     case core::Code::kInternal:
       break;
   }

@@ -227,8 +227,6 @@ Connection::~Connection() {
   if (zap_ != nullptr) zmq_close(zap_);
   if (monitor_ != nullptr) zmq_close(monitor_);
   if (context_ != nullptr) zmq_ctx_term(context_);
-  // libzmq leaves a bound ipc socket's file behind; shm:// owns its path.
-  if (options_.bind && !ipc_path_.empty()) unlink(ipc_path_.c_str());
 }
 
 std::string Connection::DebugString() const {
@@ -261,6 +259,15 @@ Status Connection::Open() {
   if (shm::IsShmEndpoint(ep)) {
     std::string why;
     if (!shm::ZmqEndpoint(ep, &zmq_ep, &why)) return Error(Code::kInvalidArgument, why);
+    // Producers hand their regions over before their first slot message: listen first.
+    if (!slots_.Listen(ep, &why)) return Error(Code::kInvalidArgument, why);
+    // Abstract address: admit only this user's processes (ignored by a libzmq
+    // built without it; the region hand-over checks the user either way).
+#ifndef ZMQ_IPC_FILTER_UID
+#define ZMQ_IPC_FILTER_UID 59  // deprecated in zmq.h, still in libzmq 4.3; absent from some headers
+#endif
+    const int uid = static_cast<int>(getuid());
+    zmq_setsockopt(socket_, ZMQ_IPC_FILTER_UID, &uid, sizeof(uid));
   }
   // Two consumers on one ipc path (or shm:// NAME): refuse the second, as TCP does.
   if (options_.bind && zmq_ep.rfind("ipc://", 0) == 0 && zmq_ep.size() > 6 && zmq_ep[6] != '@' &&
@@ -272,8 +279,6 @@ Status Connection::Open() {
     return Error(Code::kInvalidArgument,
                  "ZMQ endpoint " + ep + ": cannot " + (options_.bind ? "bind" : "connect") + ": " + ZmqError());
   }
-  // Only a socket file this connection bound is its to remove.
-  if (shm::IsShmEndpoint(ep)) ipc_path_ = zmq_ep.substr(6);  // after ipc://
   return Status::Ok();
 }
 
@@ -444,8 +449,22 @@ Status Connection::Receive(Message* msg, const std::function<bool()>& cancelled,
   }
   std::lock_guard<std::timed_mutex> lock(socket_mu_, std::adopt_lock);
 
+  int64_t starved_since = -1;
   while (true) {
     FB_RETURN_IF_ERROR(StopReason(cancelled, deadline_ms, timeout_ms));
+    uint32_t held = 0;
+    if (slots_.AllTaken(&held)) {
+      if (starved_since < 0) starved_since = NowMs();
+      if (NowMs() - starved_since >= kStarvedMs) {
+        return Error(Code::kResourceExhausted,
+                     "shm: this consumer has held all " + std::to_string(held) + " slots of its producers' regions on " +
+                         options_.end_point + " for " + std::to_string(kStarvedMs / 1000) +
+                         " s, so no producer can send: tensors over slots are kept too long (prefetch or staging "
+                         "deeper than the ring); give producers more slots (--shm-slots) or turn zero-copy off");
+      }
+    } else {
+      starved_since = -1;
+    }
     int64_t wait_ms = kSliceMs;
     if (deadline_ms >= 0) wait_ms = std::max<int64_t>(0, std::min(wait_ms, deadline_ms - NowMs()));
     zmq_pollitem_t item = {socket_, 0, ZMQ_POLLIN, 0};

@@ -33,7 +33,7 @@
 namespace feedbench {
 namespace core {
 
-enum class Code { kOk, kInvalidArgument, kDeadlineExceeded, kCancelled, kInternal, kUnavailable };
+enum class Code { kOk, kInvalidArgument, kDeadlineExceeded, kCancelled, kInternal, kUnavailable, kResourceExhausted };
 
 // The outcome of a core call: a code and one line naming what went wrong.
 struct Status {
@@ -166,6 +166,9 @@ class Connection {
   // For a slot message: points `tensors` (a copy of msg.tensors()) into the
   // producer's slot and claims it; the lease hands it back. Otherwise a no-op.
   // False with `err` naming the field (never reading outside the region).
+  // Called as shm:// regions are mapped and unmapped (shm::MapHook); set before Open.
+  void SetMapHook(shm::MapHook hook) { slots_.SetMapHook(hook); }
+
   bool ResolveSlot(const Message& msg, std::vector<wire::TensorView>* tensors, shm::SlotLease* lease,
                    wire::WireError* err) {
     return !msg.slot_message() || slots_.Resolve(msg.slot(), tensors, lease, err);
@@ -177,13 +180,17 @@ class Connection {
   Status TakeMessage(Message* msg);
   Status StopReason(const std::function<bool()>& cancelled, int64_t deadline_ms, int64_t timeout_ms) const;
 
+  // How long a receive may wait while this consumer itself holds every slot
+  // of every producer's region (tensors over slots kept alive) before it
+  // says so instead of hanging: no producer can send until one is released.
+  static constexpr int64_t kStarvedMs = 10000;
+
   ConnectionOptions options_;
   void* context_ = nullptr;
   void* socket_ = nullptr;
   std::timed_mutex socket_mu_;  // held only while a message is taken off the socket
   std::atomic<bool> closing_{false};
   shm::SlotReader slots_;
-  std::string ipc_path_;  // the socket file of a bound shm:// endpoint, removed on close
 
   mutable std::mutex stats_mu_;  // guards the counters below
   SeqTracker tracker_;

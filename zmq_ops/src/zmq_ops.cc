@@ -4,7 +4,9 @@
 // wrappers and tensorpack's ZMQInput work unchanged; timeout_ms and
 // max_msg_size are additions with defaults that keep the old behaviour.
 
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,8 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_op_kernel.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "wire_decode.h"
 #include "zmq_connection.h"
@@ -38,6 +42,27 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 namespace errors = tensorflow::errors;
+
+// A tensor's buffer that is a published shared-memory slot: the op's output
+// without a copy. Every output tensor of one batch shares the slot's lease;
+// the slot goes back to its producer when TensorFlow drops the last of them.
+class SlotBuffer : public tensorflow::TensorBuffer {
+ public:
+  SlotBuffer(char* data, size_t size, std::shared_ptr<shm::SlotLease> lease)
+      : TensorBuffer(data), size_(size), lease_(std::move(lease)) {}
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size_));
+    proto->set_allocator_name("feedbench_shm_slot");
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  ~SlotBuffer() override = default;
+  const size_t size_;
+  std::shared_ptr<shm::SlotLease> lease_;
+};
 
 // Creates the connection once per (container, shared_name); later runs of
 // the op, and other graphs sharing the name, get the same socket.
@@ -77,6 +102,7 @@ class ZmqPullOp : public AsyncOpKernel {
  public:
   explicit ZmqPullOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("types", &types_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("zero_copy", &zero_copy_));
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -105,9 +131,11 @@ class ZmqPullOp : public AsyncOpKernel {
                                      msg.error().ToString());
     }
     std::vector<wire::TensorView> tensors = msg.tensors();
-    shm::SlotLease lease;  // a shared-memory slot goes back to its producer after the copy
+    // A shared-memory slot goes back to its producer after the copy, or, when
+    // the outputs are the slot, once TensorFlow has dropped all of them.
+    auto lease = std::make_shared<shm::SlotLease>();
     wire::WireError werr;
-    if (!conn->core().ResolveSlot(msg, &tensors, &lease, &werr)) {
+    if (!conn->core().ResolveSlot(msg, &tensors, lease.get(), &werr)) {
       return errors::InvalidArgument("bad slot message from ", ep, ": ", werr.ToString());
     }
     if (tensors.size() != types_.size()) {
@@ -129,6 +157,14 @@ class ZmqPullOp : public AsyncOpKernel {
       if (!s.ok()) {
         return errors::InvalidArgument("tensor[", i, "].shape: message from ", ep, ": ", s.message());
       }
+      const bool aligned = reinterpret_cast<uintptr_t>(t.data) % EIGEN_MAX_ALIGN_BYTES == 0;
+      if (zero_copy_ && lease->held() && t.nbytes > 0 && types_[i] != tensorflow::DT_BOOL && aligned) {
+        auto* buf = new SlotBuffer(const_cast<char*>(t.data), t.nbytes, lease);
+        Tensor slot_tensor(types_[i], shape, buf);  // takes its own reference
+        buf->Unref();
+        ctx->set_output(static_cast<int>(i), slot_tensor);
+        continue;
+      }
       Tensor* out = nullptr;
       TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), shape, &out));
       if (t.nbytes == 0) continue;
@@ -144,6 +180,7 @@ class ZmqPullOp : public AsyncOpKernel {
   }
 
   DataTypeVector types_;
+  bool zero_copy_ = true;
 };
 
 // Reads the connection's counters: what arrived from whom, what went missing.
@@ -231,13 +268,17 @@ REGISTER_OP("ZMQPull")
     .Input("handle: resource")
     .Output("output: types")
     .Attr("types: list(type) >= 0")
+    .Attr("zero_copy: bool = true")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::UnknownShape)
     .Doc(R"doc(
 Receives one message from a ZMQConnection and returns its tensors.
 
 Accepts the single-frame zmq_ops format and feedbench's native multipart
-format (docs/wire.md). A malformed message, or one whose tensor count or
+format (docs/wire.md). From shm:// producers, with zero_copy, each output's
+buffer is the producer's slot itself (no copy): the slot is handed back when
+TensorFlow drops the last output of that batch. zero_copy=false copies each
+batch into fresh tensors and hands the slot back at once. A malformed message, or one whose tensor count or
 dtypes differ from `types`, fails the step with InvalidArgument naming the
 offending field; the connection stays usable.
 )doc");

@@ -1,0 +1,202 @@
+"""shm:// zero-copy: the op's outputs and the receiver's arrays are the producers' slots themselves.
+
+Real producer processes write every batch anew with content that names it
+(producer id and sequence number), so a slot handed back too early, or a
+batch read from the wrong slot, shows as wrong bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from conftest import ShmLeaks
+
+from zmq_ops.receiver import BatchError, Receiver, ReceiveTimeout
+
+SPECS = [("uint8", (2, 4, 4, 3)), ("int32", (2,))]
+TIMEOUT_MS = 30_000  # only ever reached when something is broken
+
+# A producer whose batch k of producer p holds (37 p + k) % 251 in every pixel and labels [p, k].
+TAGGED = """
+import sys
+import numpy as np
+from producers import sender
+
+ep, pid, count, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+def source(worker):
+    k = 0
+    while True:
+        yield np.full((2, 4, 4, 3), (37 * pid + k) % 251, np.uint8), np.array([pid, k], np.int32)
+        k += 1
+
+cfg = sender.SendConfig(endpoint=ep, count=count, producer_id=pid, hwm=4, shm_slots=slots or None)
+sys.exit(sender.run(source, 0, cfg))
+"""
+
+
+@pytest.fixture
+def ep() -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    leaks = ShmLeaks(name)
+    yield f"shm://{name}"
+    leaks.assert_none_left()
+
+
+def tagged(procs, ep: str, pid: int, count: int, slots: int = 0):
+    return procs.start("-c", TAGGED, ep, str(pid), str(count), str(slots))
+
+
+def check(images: np.ndarray, labels: np.ndarray) -> tuple[int, int]:
+    pid, k = (int(x) for x in labels)
+    assert (images == (37 * pid + k) % 251).all(), f"batch {k} of producer {pid} holds other bytes"
+    return pid, k
+
+
+@pytest.mark.timeout(300)
+def test_four_producers_times_a_thousand_batches_through_zero_copy_receiver_slots(procs, ep) -> None:
+    kept: list[tuple[list[np.ndarray], np.ndarray]] = []  # batches held across many later ones
+    seen: dict[int, list[int]] = {p: [] for p in range(4)}
+    with Receiver(ep, SPECS, 8, hwm=8, timeout_ms=TIMEOUT_MS, zero_copy=True) as r:
+        assert r.zero_copy
+        ps = [tagged(procs, ep, p, 1000) for p in range(4)]
+        for n in range(4000):
+            arrays = r.next_arrays()
+            pid, k = check(*arrays)
+            seen[pid].append(k)
+            if n % 97 == 0:
+                kept.append((arrays, arrays[0].copy()))
+                if len(kept) > 4:
+                    old, copy = kept.pop(0)
+                    np.testing.assert_array_equal(old[0], copy)  # untouched by the ~400 batches since
+            del arrays
+        with pytest.raises(ReceiveTimeout):
+            r.next(timeout_ms=500)
+        for arrays, copy in kept:
+            np.testing.assert_array_equal(arrays[0], copy)
+            check(*arrays)
+        del kept
+        rows, messages, _ = r.stats()
+    assert {p: sorted(ks) for p, ks in seen.items()} == {p: list(range(1000)) for p in range(4)}
+    assert rows == [(p, 1000, 0, 0, 0) for p in range(4)] and messages == 4000
+    for p in ps:
+        assert p.wait(60) == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_receiver_whose_caller_holds_every_slot_says_so_at_once(procs, ep) -> None:
+    with Receiver(ep, SPECS, 2, timeout_ms=TIMEOUT_MS, zero_copy=True) as r:
+        p = tagged(procs, ep, 0, 10)
+        held = [r.next_arrays(), r.next_arrays()]
+        with pytest.raises(BatchError, match="all 2 slots of the receiver for .* are held"):
+            r.next_arrays()
+        del held
+        for _ in range(8):
+            check(*r.next_arrays())
+    assert p.wait(60) == 0
+
+
+def _op():
+    return pytest.importorskip("zmq_ops.tf_op", reason="zmq_ops op not built (run `make op`)")
+
+
+@pytest.mark.timeout(300)
+def test_four_producers_times_a_thousand_batches_through_the_op_in_place(procs, ep) -> None:
+    """Eager pulls: every output is the slot; tensors kept alive across hundreds of pulls keep their bytes."""
+    tf_op = _op()
+    tf = tf_op.tf
+    sock = tf_op.ZMQPullSocket(ep, [tf.uint8, tf.int32], hwm=8, timeout_ms=TIMEOUT_MS, zero_copy=True)
+    assert sock.zero_copy
+    ps = [tagged(procs, ep, p, 1000) for p in range(4)]
+    seen: dict[int, list[int]] = {p: [] for p in range(4)}
+    kept: list[tuple[tf.Tensor, np.ndarray]] = []
+    for n in range(4000):
+        images, labels = sock.pull()
+        pid, k = check(images.numpy(), labels.numpy())
+        seen[pid].append(k)
+        if n % 97 == 0:
+            kept.append((images, images.numpy().copy()))
+            if len(kept) > 4:
+                old, copy = kept.pop(0)
+                np.testing.assert_array_equal(old.numpy(), copy)
+    for t, copy in kept:
+        np.testing.assert_array_equal(t.numpy(), copy)
+    assert {p: sorted(ks) for p, ks in seen.items()} == {p: list(range(1000)) for p in range(4)}
+    rows, _ = sock.stats()
+    assert rows.numpy().tolist() == [[p, 1000, 0, 0, 0] for p in range(4)]
+    del sock, kept, images, labels
+    for p in ps:  # an eager connection stays open for the process, so producers wait for it to leave: stop them
+        p.terminate()
+        p.wait(60)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_an_op_consumer_holding_every_slot_gets_one_line_not_a_hang(procs, ep, zero_copy) -> None:
+    """Two slots, both held as live tensors: zero-copy says so (copying needs no slot held, so it runs on)."""
+    tf_op = _op()
+    tf = tf_op.tf
+    sock = tf_op.ZMQPullSocket(ep, [tf.uint8, tf.int32], timeout_ms=TIMEOUT_MS, zero_copy=zero_copy)
+    assert sock.zero_copy is zero_copy
+    p = tagged(procs, ep, 0, 6, slots=2)
+    held = [sock.pull(), sock.pull()]
+    if zero_copy:
+        with pytest.raises(tf.errors.ResourceExhaustedError, match=re.escape("has held all 2 slots")):
+            sock.pull()
+        del held
+    for _ in range(4):
+        check(*(t.numpy() for t in sock.pull()))
+    del sock
+    p.terminate()
+    p.wait(60)
+
+
+class FakeCudart:
+    """Stands in for torch.cuda.cudart() on a machine without CUDA: records what would be registered."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}
+        self.calls: list[tuple[str, int]] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's spelling)
+        self.calls.append(("register", ptr))
+        self.registered[ptr] = size
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        self.calls.append(("unregister", ptr))
+        del self.registered[ptr]
+        return 0
+
+
+@pytest.mark.timeout(120)
+def test_regions_are_registered_with_cuda_once_and_unregistered_before_they_are_unmapped(procs, ep) -> None:
+    """What can be checked without a GPU: each region is registered whole, once, and unregistered in time."""
+    from zmq_ops.receiver import cuda_host_register
+
+    cudart = FakeCudart()
+    hook = cuda_host_register(cudart)
+    r = Receiver(ep, SPECS, 4, timeout_ms=TIMEOUT_MS, zero_copy=True, on_region=hook)
+    ps = [tagged(procs, ep, p, 20) for p in range(2)]
+    kept = None
+    for n in range(40):
+        arrays = r.next_arrays()
+        check(*arrays)
+        assert any(base <= arrays[0].ctypes.data < base + size for base, size in cudart.registered.items())
+        if n == 5:
+            kept = arrays
+    assert len(cudart.registered) == 2 and [c for c, _ in cudart.calls] == ["register", "register"]
+    assert all(size % 4096 == 0 for size in cudart.registered.values())
+    r.close()  # an array still alive keeps its region mapped (and registered) until it is dropped
+    check(*kept)
+    assert len(cudart.registered) >= 1
+    del kept, arrays
+    assert cudart.registered == {} and hook.registered == {}
+    assert sorted(c for c, _ in cudart.calls) == ["register"] * 2 + ["unregister"] * 2
+    for p in ps:  # all 40 batches were taken; they may still be waiting for us to hang up
+        p.terminate()
+        p.wait(60)
