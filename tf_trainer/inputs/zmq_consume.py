@@ -132,4 +132,7 @@ class ZmqConsume(TFInputPath):
 
     def result_fields(self) -> dict:
         # Every batch the op accepted: the steps' batches plus one staged per device, ahead.
-        return {"producers": self.stats.producers, "batches_pulled": self.stats.messages}
+        fields = {"producers": self.stats.producers, "batches_pulled": self.stats.messages}
+        if self.source.socket is not None:  # over shm://: whether the op's tensors were the slots or copies
+            fields["zero_copy"] = self.source.socket.zero_copy
+        return fields
