@@ -138,7 +138,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
         figures = timer.figures()
         figures["stages"] = path.stage_figures()
         figures.update(path.accounting())
-        figures["decoded_on"] = getattr(path, "decoded_on", None)  # where DALI decoded, for the dali paths
+        figures["decoded_on"] = path.decoded_on  # where DALI decoded, for the dali paths
         figures["batches_trained"] = timer.needed
         figures["amp"] = str(amp).replace("torch.", "") if amp is not None else None
         if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them

@@ -47,6 +47,7 @@ class TorchInputPath(InputPath):
     """A PyTorch input path; subclasses implement `open`, `next` and `close`."""
 
     framework: ClassVar[str] = "torch"
+    decoded_on: str | None = None  # where DALI decoded this rank's batches (the dali path and dali producers)
 
     def open(self, ctx: RankContext) -> None:
         """Start what the path needs on this rank (producers, sockets, loader workers)."""
@@ -138,7 +139,6 @@ class ProducerFed(TorchInputPath):
 
     needs_producers: ClassVar[bool] = True
     group = None
-    decoded_on: str | None = None  # where the dali producers decode (None: not dali producers)
 
     def start(self, endpoints: list[str]) -> None:
         self._reported: set[int] = set()
