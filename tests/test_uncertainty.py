@@ -1,0 +1,199 @@
+"""Intervals for every figure, and verdicts that agree with them: the maths on known data, then real runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from core import registry
+from profiler.attribution import sentence
+from profiler.report import add_ratios, cpu_caveat, table
+from profiler.summary import Summary
+from profiler.uncertainty import (
+    WITHIN_NOISE,
+    median_interval,
+    ratio_interval,
+    too_short_words,
+    uncertainty,
+    windows_needed,
+)
+from profiler.verdict import add_verdicts, verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def result(windows: list[float], steps: int = 4, **extra) -> dict:
+    s = Summary.of(windows)
+    return {
+        "images_per_sec": s.to_dict(),
+        "images_per_sec_per_device": s.to_dict(),
+        "step_time_ms": {"p50": 10.0, "p90": 12.0, "p99": 13.0},
+        "schedule": {"timed_steps_per_window": steps},
+        **extra,
+    }
+
+
+# --- the maths, on known data --------------------------------------------------------------------
+
+
+def test_few_windows_give_their_min_max_with_its_exact_confidence():
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)
+    assert median_interval([5.0, 1.0, 4.0, 2.0, 3.0]) == (1.0, 5.0, 1 - 2 / 32)
+    assert median_interval([7.0]) == (7.0, 7.0, 0.0)
+    # From 9 windows on, the interval leaves the extremes out and still holds 95%.
+    lo, hi, conf = median_interval([float(i) for i in range(1, 10)])
+    assert (lo, hi) == (2.0, 8.0) and conf == pytest.approx(1 - 2 * 10 / 512) and conf >= 0.95
+    with pytest.raises(ValueError):
+        median_interval([])
+
+
+@pytest.mark.parametrize("n", [3, 5, 7, 15])
+def test_the_interval_covers_the_true_median_as_often_as_it_says(n):
+    """Noisy windows with a known median (skewed noise, like a shared machine): coverage over 4000 draws."""
+    rng = random.Random(1234 + n)
+    true_median = 1000.0
+    draws, covered = 4000, 0
+    for _ in range(draws):
+        # Log-normal noise of 15%: the median of exp(N(0, s)) is exactly 1.
+        w = [true_median * math.exp(rng.gauss(0.0, 0.15)) for _ in range(n)]
+        lo, hi, conf = median_interval(w)
+        covered += lo <= true_median <= hi
+    assert abs(covered / draws - conf) < 0.025, (covered / draws, conf)
+
+
+def test_the_ratio_interval_covers_the_true_ratio():
+    """Path at 0.9 of the baseline, both noisy, run one after the other: the interval holds 0.9 as often as its
+    stated confidence (exact when the noise has the same shape), and, with 7 windows each, rarely holds 1.0."""
+    rng = random.Random(7)
+    draws, covered, holds_one = 3000, 0, 0
+    conf = None
+    for _ in range(draws):
+        base = [500 * math.exp(rng.gauss(0, 0.05)) for _ in range(7)]
+        path = [450 * math.exp(rng.gauss(0, 0.05)) for _ in range(7)]
+        lo, hi, conf, how = ratio_interval(path, base)
+        covered += lo <= 0.9 <= hi
+        holds_one += lo <= 1.0 <= hi
+    assert how == "pairwise ratios"
+    assert abs(covered / draws - conf) < 0.025, (covered / draws, conf)
+    assert holds_one / draws < 0.15
+
+
+def test_interleaved_windows_are_paired_so_a_shared_disturbance_cancels():
+    # A load that halves both the baseline's and the path's window 2: the paired ratios stay put.
+    base = [1000.0, 500.0, 1000.0, 1000.0, 1000.0]
+    path = [900.0, 450.0, 900.0, 900.0, 900.0]
+    lo, hi, _, how = ratio_interval(path, base, paired=True)
+    assert how == "paired windows" and lo == pytest.approx(0.9) and hi == pytest.approx(0.9)
+    lo, hi, _, how = ratio_interval(path, base)
+    assert how == "pairwise ratios" and lo < 0.5 and hi > 1.7
+    u = uncertainty(result(path, interleaved=True), result(base))
+    assert u["ratio_method"] == "paired windows" and u["within_noise"] is False
+
+
+def test_windows_needed_grows_with_the_spread_and_shrinks_with_the_difference():
+    rng = random.Random(3)
+    noisy = [100 * math.exp(rng.gauss(0, 0.2)) for _ in range(5)]
+    quiet = [100 * math.exp(rng.gauss(0, 0.02)) for _ in range(5)]
+    assert windows_needed(noisy, noisy, 0.9) > windows_needed(quiet, quiet, 0.9) >= 6
+    assert windows_needed(noisy, noisy, 0.7) < windows_needed(noisy, noisy, 0.9)
+    assert windows_needed(noisy, noisy, 1.005) is None  # under 1%: not worth resolving
+
+
+# --- the report: table, verdict, attribution -------------------------------------------------------
+
+
+def issue_results() -> dict[str, dict]:
+    """The issue's `make bench` on a 2-core CPU machine: 3 windows of 4 steps, a noisy baseline."""
+    return {
+        "gpu": result([7.0, 7.6, 13.0]),
+        "cpu": result([12.2, 11.0, 13.5], telemetry={"input_wait_share": 0.0}),
+        "zmq-consume": result([5.5, 5.6, 5.7], telemetry={"input_wait_share": 0.05}),
+        "python-queue": result([7.3, 7.8, 7.1], telemetry={"input_wait_share": 0.01}),
+    }
+
+
+def test_the_table_shows_intervals_and_within_noise():
+    rs = issue_results()
+    add_ratios(rs)
+    text = table(rs, 1, False)
+    cpu_line = next(ln for ln in text.splitlines() if ln.startswith("cpu "))
+    assert "1.61 (0.85–1.93)" in cpu_line and WITHIN_NOISE in cpu_line
+    assert "7.0–13.0" in text and "75% confidence" in text
+    zmq = rs["zmq-consume"]["uncertainty"]
+    assert zmq["within_noise"] is False and zmq["ratio"][1] < 1 and zmq["reading"] == "slower than baseline"
+    assert rs["gpu"]["uncertainty"]["reading"] == "baseline" and rs["gpu"]["uncertainty"]["ratio"] is None
+    json.dumps(rs)  # the block goes into the JSON as it is
+
+
+def test_a_path_within_noise_gets_no_limit_and_no_advice():
+    rs = issue_results()
+    add_ratios(rs)
+    add_verdicts(rs)
+    for path in ("cpu", "python-queue"):
+        v = rs[path]["verdict"]
+        assert v["level"] == WITHIN_NOISE and v["limiting_stage"] == "none", v
+        assert "competes" not in v["evidence"] and "XLA" not in v["advice"] and "zmq-consume" not in v["advice"]
+        assert WITHIN_NOISE in sentence(path, rs[path]["attribution"])
+    assert "run too short to tell: " in rs["python-queue"]["verdict"]["advice"]
+    assert "windows of 4 steps would be needed" in rs["python-queue"]["verdict"]["advice"]
+    assert rs["zmq-consume"]["verdict"]["level"] == "moderately input-bound"
+
+
+def test_slower_steps_with_an_idle_input_are_called_unexplained_not_cpu_contention():
+    base = result([100.0, 101.0, 99.0, 100.5, 100.2])
+    cpu = {"input": {"total": {"cores": 0.0}, "producers": {"cores": 0.0}, "receive": {"cores": 0.0}}}
+    slow = result([50.0, 51.0, 49.0, 50.5, 50.2], telemetry={"input_wait_share": 0.0, "cpu": cpu},
+                  input=registry.get("tf", "zmq-consume")(None).describe())  # fmt: skip
+    rs = {"gpu": base, "zmq-consume": slow}
+    add_ratios(rs)
+    v = verdict("zmq-consume", slow, 100.0, framework="torch")
+    assert v["limiting_stage"] == "unexplained", v
+    assert "not explained by the input's figures" in v["evidence"] and "competes" not in v["evidence"]
+    # With the input busy on the host, the same gap is contention, and the advice never names zmq-consume.
+    cpu["input"]["total"]["cores"] = 0.8
+    v = verdict("zmq-consume", slow, 100.0)
+    assert "competes with the step for the host CPU" in v["evidence"]
+    assert "zmq-consume" not in v["advice"] and "producers on other hosts" in v["advice"], v["advice"]
+
+
+def test_the_cpu_path_is_not_said_to_compete_while_its_input_used_no_cores():
+    base = result([100.0, 101.0, 99.0, 100.5, 100.2])
+    cpu = {"input": {"total": {"cores": 0.0}, "producers": {"cores": 0.0}, "receive": {"cores": 0.0}}}
+    slow = result([60.0, 61.0, 59.0, 60.5, 60.2], telemetry={"input_wait_share": 0.0, "cpu": cpu},
+                  input=registry.get("tf", "cpu")(None).describe())  # fmt: skip
+    rs = {"gpu": base, "cpu": slow}
+    add_ratios(rs)
+    v = verdict("cpu", slow, 100.0)
+    assert "competes" not in v["evidence"] and "trainer's own threads" in v["evidence"]
+
+
+def test_advice_for_a_faster_step_follows_the_framework():
+    base = result([100.0, 101.0, 99.0])
+    same = result([100.0, 101.0, 99.0], telemetry={"input_wait_share": 0.0})
+    for fw, xla in (("tf", True), ("torch", False), (None, False)):
+        v = verdict("zmq-consume", dict(same), 100.0, framework=fw)
+        assert ("XLA" in v["advice"]) == xla, (fw, v["advice"])
+    assert "XLA" not in verdict("zmq-consume", {**same, "framework": "torch"}, 100.0)["advice"]
+    del base
+
+
+def test_the_cpu_caveat_is_said_only_where_the_ratios_cannot_separate_the_paths():
+    rs = issue_results()
+    add_ratios(rs)
+    words = cpu_caveat(rs, has_gpu=False, model="resnet50")
+    assert words and "capacity table" in words and "cannot separate" in words
+    assert cpu_caveat(rs, has_gpu=True, model="resnet50") is None
+    assert cpu_caveat(rs, has_gpu=False, model="emulated") is None
+    clear = {"gpu": result([100.0, 101.0, 99.0]), "zmq-consume": result([50.0, 51.0, 49.0])}
+    add_ratios(clear)
+    assert cpu_caveat(clear, has_gpu=False, model="resnet50") is None
+
+
+def test_too_short_words_name_windows_and_steps():
+    u = {"within_noise": True, "windows_needed": 12, "steps_per_window": 4}
+    assert too_short_words(u) == "run too short to tell: 12 windows of 4 steps would be needed (--repeats)"
+    assert too_short_words({**u, "within_noise": False}) is None
