@@ -199,34 +199,63 @@ def capacity_png(results: dict[str, dict], title: str = "") -> bytes:
     """The capacity chart: per input path, the highest demand it sustains, in images/s and in devices.
 
     One horizontal bar per path (the baseline hatched: what the emulated devices
-    themselves reach), labelled "N.NN <device>s"; dotted lines mark whole devices;
-    each probe of the search is a dot on its path's row, filled where the path kept
-    up (>= 97% of the baseline) and hollow where it fell short.
+    themselves reach), labelled "N.NN <device>s" and its interval; the interval
+    (profiler/capacity.py) is drawn as an error bar, an arrow where it is open
+    above; dotted lines mark whole devices; each probe of the search is a dot on
+    its path's row, filled where the path kept up (>= 97% of the baseline) and
+    hollow where it fell short, repeated tries stacked a little apart so every
+    one shows. Paths whose intervals overlap are named under the chart.
     """
     rows = [(p, r["capacity"]) for p, r in results.items() if r.get("capacity")]  # in the run's order
     device = rows[0][1]["device"] if rows else "device"
     per_device = rows[0][1]["device_images_per_sec"] if rows else 1.0
-    fig, ax = plt.subplots(figsize=(WIDTH_IN, 1.2 + 0.75 * max(1, len(rows))), dpi=DPI)
+    overlaps = _overlap_words(rows)
+    fig, ax = plt.subplots(
+        figsize=(WIDTH_IN, 1.2 + 0.75 * max(1, len(rows)) + 0.25 * len(overlaps)), dpi=DPI, layout="constrained"
+    )
     colors = {p: plt.get_cmap("tab10")(i) for i, p in enumerate(results)}
     top = 0.0
+    for c in (c for _, c in rows):
+        iv = c.get("interval") or [None, None]
+        top = max(
+            [
+                top,
+                c.get("images_per_sec") or 0.0,
+                iv[1] or 0.0,
+                *(p["demand_images_per_sec"] for p in c.get("probes", [])),
+            ]
+        )
     for y, (path, c) in enumerate(rows):
         cap = c.get("images_per_sec") or 0.0
         probes = c.get("probes", [])
-        top = max([top, cap, *(p["demand_images_per_sec"] for p in probes)])
         ax.barh(
             y, cap, 0.6, color=colors.get(path, "grey"), edgecolor="black", linewidth=0.6,
             hatch="//" if path == BASELINE else None, alpha=0.85,
         )  # fmt: skip
+        lo, hi = (c.get("interval") or [None, None])[:2]
+        if lo is not None:
+            right = hi if hi is not None else top * 1.12
+            ax.errorbar(
+                (lo + right) / 2, y, xerr=[[(right - lo) / 2], [(right - lo) / 2]], fmt="none", ecolor="black",
+                capsize=4, lw=1.2, zorder=4,
+            )  # fmt: skip
+            if hi is None:  # open above: no probe fell short
+                ax.annotate("", (top * 1.16, y), (right, y), arrowprops={"arrowstyle": "->", "lw": 1.2})
+        seen: dict[float, int] = {}
         for p in probes:
+            k = seen[p["demand_images_per_sec"]] = seen.get(p["demand_images_per_sec"], -1) + 1
             ax.plot(
-                p["demand_images_per_sec"], y, marker="o", markersize=7, linestyle="none",
+                p["demand_images_per_sec"], y - 0.13 * k, marker="o", markersize=6, linestyle="none", zorder=5,
                 markerfacecolor="black" if p["kept_up"] else "white", markeredgecolor="black",
             )  # fmt: skip
         words = "baseline" if path == BASELINE else ""
-        label = f"{cap:,.0f} img/s = {c.get('devices', 0):.2f} {device}s" + (f" ({words})" if words else "")
+        label = f"{cap:,.0f} img/s = {c.get('devices', 0):.2f} {device}s"
+        if lo is not None:
+            label += f" (interval {lo:,.0f}–{hi:,.0f})" if hi is not None else f" (interval >= {lo:,.0f})"
+        label += f" ({words})" if words else ""
         if path != BASELINE and c.get("images_per_sec") is None:
             label = "short even at the lowest probe"
-        ax.text(cap + top * 0.01, y + 0.33, label, va="center", fontsize=9)
+        ax.text(cap + top * 0.01, y + 0.36, label, va="center", fontsize=9)
     n = 1
     while per_device * n <= top * 1.05:
         ax.axvline(per_device * n, color="grey", linestyle="dotted", lw=1)
@@ -237,16 +266,28 @@ def capacity_png(results: dict[str, dict], title: str = "") -> bytes:
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.3 if top else 1)
     ax.set_ylim(len(rows) - 0.4, -1.0)
-    ax.set_xlabel("demand sustained at >= 97% of the baseline (images/s)")
+    xlabel = "demand sustained at >= 97% of the baseline (images/s); error bars: the capacity's interval"
+    ax.set_xlabel("\n".join([xlabel, *overlaps]))
     ax.set_title(
         title
         or f"Capacity per input path against emulated {device}s ({per_device:,.0f} img/s each)"
-        "\n(dots: probes of the search — filled kept up, hollow fell short)",
+        "\n(dots: probes of the search — filled kept up, hollow fell short; repeated tries stacked)",
         fontsize=10,
     )
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
     return buf.getvalue()
+
+
+def _overlap_words(rows: list[tuple[str, dict]]) -> list[str]:
+    """`python-queue and python-dataset cannot be told apart (capacity intervals overlap)`, once per pair."""
+    out, seen = [], set()
+    for path, c in rows:
+        for other in c.get("cannot_tell_from") or []:
+            pair = tuple(sorted((path, other)))
+            if pair not in seen:
+                seen.add(pair)
+                out.append(f"{path} and {other} cannot be told apart by this run (their intervals overlap)")
+    return out
