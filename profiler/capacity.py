@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 THRESHOLD = 0.97
 CONFIRM = 2  # extra tries at each decisive probe
+MORE_STEPS = 2  # steps up past an upper end that a repeated try kept up with
 
 
 @dataclass
@@ -102,6 +103,19 @@ class CapacitySearch:
         for rate in (lo, hi):
             for _ in range(self.confirm if rate is not None else 0):
                 self._try(rate, repeat=True)
+        # A try at the upper end kept up after all: the capacity may lie above it. Step up until every try
+        # at a rate falls short (at most MORE_STEPS steps; past that the interval stays open above).
+        steps = 0
+        while self.confirm and lo is not None and hi is not None and self._any_kept(hi):
+            if steps == MORE_STEPS:
+                hi = None
+                break
+            hi *= max(hi / lo, 1 + self.tolerance)
+            steps += 1
+            for _ in range(1 + self.confirm):
+                kept, _ = self._try(hi, repeat=True)
+                if kept:
+                    break
         best = max((p for p in self.probes if p["kept_up"]), key=lambda p: p["rate_per_device"], default=None)
         # Never more than a probe delivered: a demand the devices could not step at (a rate beyond what this
         # machine emulates) is not a capacity of the path.
@@ -125,6 +139,9 @@ class CapacitySearch:
             "below_lowest_probe": lo is None,
             "probes": self.probes,
         }
+
+    def _any_kept(self, rate: float) -> bool:
+        return any(p["kept_up"] for p in self.probes if p["rate_per_device"] == rate)
 
     def _interval(self, lo: float | None, hi: float | None) -> tuple[float | None, float | None]:
         """[highest demand every try kept up with (or the least a short try there delivered), lowest demand
