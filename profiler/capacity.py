@@ -19,7 +19,7 @@ than that probe delivered.
    demand every try kept up with (or, when a try there fell short, the least
    that try delivered) to the lowest demand a try fell short at (open, `None`,
    when no probe fell short). Two paths whose intervals overlap cannot be told
-   apart by this run (`overlap`). When a repeat at the kept-up rate falls
+   apart by this run (`overlap`). When most tries at the kept-up rate fall
    short, the capacity is that interval's low end.
 Every probe is kept (repeats marked `"repeat": true`), so a reader sees the
 search, not just its answer.
@@ -121,9 +121,9 @@ class CapacitySearch:
         # machine emulates) is not a capacity of the path.
         capacity = min(lo * self.towers, best["images_per_sec"]) if lo is not None and best else None
         interval = self._interval(lo, hi)
-        if capacity is not None and interval[0] is not None and interval[0] < capacity:
-            capacity = interval[0]  # a repeat fell short at the rate kept up with: it is not sustained reliably
         at_lo = [p for p in self.probes if lo is not None and p["rate_per_device"] == lo]
+        if capacity is not None and 2 * sum(p["kept_up"] for p in at_lo) < len(at_lo):
+            capacity = interval[0]  # most tries fell short at the rate kept up with: it is not sustained
         at_hi = [p for p in self.probes if hi is not None and p["rate_per_device"] == hi]
         return {
             "threshold": self.threshold,

@@ -13,8 +13,11 @@ import pytest
 
 from core import registry
 from profiler.attribution import sentence
+from profiler.capacity import CapacitySearch, overlap
+from profiler.plot import _can_scale, _caption, capacity_png, plot_png
 from profiler.report import add_ratios, cpu_caveat, table
 from profiler.summary import Summary
+from profiler.sweep import rows_of
 from profiler.uncertainty import (
     WITHIN_NOISE,
     median_interval,
@@ -24,6 +27,8 @@ from profiler.uncertainty import (
     windows_needed,
 )
 from profiler.verdict import add_verdicts, verdict
+from runner.capacity import _mark_overlaps
+from runner.capacity import table as capacity_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -199,6 +204,69 @@ def test_too_short_words_name_windows_and_steps():
     u = {"within_noise": True, "windows_needed": 12, "steps_per_window": 4}
     assert too_short_words(u) == "run too short to tell: 12 windows of 4 steps would be needed (--repeats)"
     assert too_short_words({**u, "within_noise": False}) is None
+
+
+# --- capacity with its interval -----------------------------------------------------------------------
+
+
+def noisy_path(capacity: float, noise: float, towers: int, seed: int):
+    """A path that delivers what is asked up to its capacity, which each probe draws with `noise` (log-normal)."""
+    rng = random.Random(seed)
+
+    def probe(rate: float) -> dict:
+        return {"images_per_sec": {"median": min(rate * towers, capacity * math.exp(rng.gauss(0, noise)))}}
+
+    return probe
+
+
+@pytest.mark.parametrize("noise", [0.05, 0.10])
+def test_the_capacity_interval_holds_the_truth(noise):
+    """True capacity (the demand kept up with at 97% on a typical draw): 6,000 / 0.97 img/s. Over 300 searches,
+    the interval holds it at least 95% of the time; a single probe per bracket end held it far less often."""
+    truth = 6000 / 0.97
+    held = {0: 0, 2: 0}
+    for seed in range(300):
+        for confirm in held:
+            found = CapacitySearch(2, noisy_path(6000, noise, 2, seed), lambda r: 2 * r, confirm=confirm).run(1000)
+            lo, hi = found["interval"]
+            held[confirm] += lo <= truth <= (math.inf if hi is None else hi)
+    assert held[2] / 300 >= 0.95, held
+    assert held[2] >= held[0], held
+
+
+def test_paths_whose_capacity_intervals_overlap_are_named_as_not_told_apart():
+    assert overlap([100, 200], [150, 300]) and overlap([100, None], [500, 600]) and not overlap([100, 200], [210, 300])
+    preset = 1000.0
+    results = {"gpu": {"capacity": {"images_per_sec": 8000.0, "interval": [7900.0, 8000.0], "devices": 8.0,
+                                    "device": "H100", "device_images_per_sec": preset, "probes": []}}}  # fmt: skip
+    for path, cap, seed in (("python-queue", 3000, 1), ("python-dataset", 3100, 2), ("zmq-consume", 7000, 3)):
+        found = CapacitySearch(2, noisy_path(cap, 0.03, 2, seed), lambda r: 2 * r).run(preset)
+        found.update(devices=(found["images_per_sec"] or 0) / preset, device="H100", device_images_per_sec=preset)
+        results[path] = {"capacity": found}
+    _mark_overlaps(results)
+    assert results["python-queue"]["capacity"]["cannot_tell_from"] == ["python-dataset"]
+    assert results["zmq-consume"]["capacity"]["cannot_tell_from"] == []
+    text = capacity_table(results)
+    assert "python-queue and python-dataset: capacity intervals overlap; this run cannot tell them apart" in text
+    assert sum(p["repeat"] for p in results["zmq-consume"]["capacity"]["probes"]) >= 4
+    png = capacity_png(results)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the plot ------------------------------------------------------------------------------------------
+
+
+def test_the_plot_leaves_out_the_scaling_pane_with_one_device_count_and_says_so():
+    rs = issue_results()
+    add_ratios(rs)
+    config = {"num_gpus": 1, "batch": 8, "use_fp16": False, "use_xla_compile": False, "image_size": 64,
+              "input_only": False}  # fmt: skip
+    rows = rows_of([{"config": config, "paths": rs}])
+    assert not _can_scale(rows)
+    assert "scaling efficiency not drawn: every point ran on 1 device(s)" in _caption(rows, False)
+    cpu = next(r for r in rows if r["path"] == "cpu")
+    assert cpu["within_noise"] is True and cpu["ratio_lo"] <= 1.0 <= cpu["ratio_hi"]
+    assert plot_png(rows)[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # --- real runs ---------------------------------------------------------------------------------------
