@@ -88,6 +88,7 @@ def cpu_caveat(results: dict[str, dict], has_gpu: bool, model: str) -> str | Non
     others = {p: r for p, r in results.items() if p != BASELINE}
     if not others:
         return None
+    # Within noise, or a single window: no interval to judge by.
     noise = [p for p, r in others.items() if (r.get("uncertainty") or {}).get("within_noise") is not False]
     if not noise:
         return None
@@ -95,7 +96,7 @@ def cpu_caveat(results: dict[str, dict], has_gpu: bool, model: str) -> str | Non
     return (
         f"note: without a GPU, this short ResNet-50 run ({windows} windows per path) is dominated by the model's "
         f"own CPU time; its ratios cannot separate the input paths on this machine ({len(noise)} of {len(others)} "
-        "within noise); the emulated capacity table that follows measures the paths themselves"
+        "cannot be told from the baseline); the emulated capacity table that follows measures the paths themselves"
     )
 
 

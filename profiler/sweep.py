@@ -254,7 +254,9 @@ def to_markdown(rows: list[dict]) -> str:
                 ratio,
                 _f(r["scaling_efficiency"], ".0f", 100, "%"),
                 _f(r["input_wait_share"], ".0f", 100, "%"),
-                f"{r['verdict'] or '–'} ({r['limiting_stage'] or '–'})",
+                r["verdict"]
+                if r["limiting_stage"] == "none"
+                else f"{r['verdict'] or '–'} ({r['limiting_stage'] or '–'})",
             ]
         )
     text = tabulate(cells, headers=head, tablefmt="github", disable_numparse=True) + "\n"
