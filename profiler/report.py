@@ -15,12 +15,18 @@ from profiler.uncertainty import WITHIN_NOISE, uncertainty
 SCHEMA_VERSION = 1  # of every JSON feedbench writes (--json, --out, --sweep)
 
 
-def add_ratios(results: dict[str, dict]) -> None:
-    """Each path's ratio to the baseline, and the `uncertainty` block of its figures (profiler/uncertainty.py)."""
+def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) -> None:
+    """Each path's ratio to the baseline, and the `uncertainty` block of its figures (profiler/uncertainty.py).
+
+    `steps_per_window`: the timed steps of a window, for results without `schedule.timed_steps_per_window`
+    (it only words the "N windows of S steps would be needed" line).
+    """
     base = results.get(BASELINE)
     for path, r in results.items():
         r["ratio_to_baseline"] = r["images_per_sec"]["median"] / base["images_per_sec"]["median"] if base else None
-        r["uncertainty"] = uncertainty(r, base, is_baseline=path == BASELINE)
+        r["uncertainty"] = u = uncertainty(r, base, is_baseline=path == BASELINE)
+        if u["steps_per_window"] is None:
+            u["steps_per_window"] = steps_per_window
 
 
 def _rate(x: float) -> str:
