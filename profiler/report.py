@@ -10,7 +10,7 @@ from tabulate import tabulate
 from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
-from profiler.uncertainty import WITHIN_NOISE, uncertainty
+from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, uncertainty
 
 SCHEMA_VERSION = 1  # of every JSON feedbench writes (--json, --out, --sweep)
 
@@ -27,6 +27,8 @@ def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) ->
         r["uncertainty"] = u = uncertainty(r, base, is_baseline=path == BASELINE)
         if u["steps_per_window"] is None:
             u["steps_per_window"] = steps_per_window
+    # A path above the ceiling (the baseline) proves the load changed between runs: every ratio carries it.
+    apply_ceiling({p: r["uncertainty"] for p, r in results.items()})
 
 
 def _rate(x: float) -> str:
@@ -77,6 +79,12 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
     text = tabulate(rows, headers=headers, disable_numparse=True)
     pairs = {(r.get("uncertainty") or {}).get("ratio_method") for r in results.values()} - {None}
     foot = f"intervals: {'; '.join(methods)}" + (f"; ratios: {', '.join(sorted(pairs))}" if pairs else "")
+    drift = max(((r.get("uncertainty") or {}).get("drift") or 1.0) for r in results.values())
+    if drift > 1.0:
+        foot += (
+            f"\nthe baseline is the ceiling, yet a path ran {drift:.2f}x its rate: the load changed between the "
+            "runs, and every ratio's interval is widened by that factor"
+        )
     if any((r.get("uncertainty") or {}).get("within_noise") for r in results.values()):
         foot += f"\n{WITHIN_NOISE!r}: the ratio's interval holds 1.0; the run cannot tell that path from the baseline"
     return f"{text}\n{foot}"

@@ -194,8 +194,8 @@ def uncertainty(result: dict, baseline: dict | None, is_baseline: bool = False) 
     bw = _windows(baseline)
     rlo, rhi, rconf, how = ratio_interval(w, bw, paired=bool(result.get("interleaved")))
     out.update(ratio=[rlo, rhi], ratio_method=how, ratio_confidence=rconf)
-    if len(w) < 2 or len(bw) < 2:
-        out["reading"] = ONE_WINDOW
+    if len(w) < 2 or len(bw) < 2:  # no spread: no interval to speak of
+        out.update(ratio=None, ratio_method=None, ratio_confidence=None, reading=ONE_WINDOW)
         return out
     within = rlo <= 1.0 <= rhi
     ratio = med / statistics.median(bw) if statistics.median(bw) > 0 else 0.0
@@ -210,8 +210,37 @@ def uncertainty(result: dict, baseline: dict | None, is_baseline: bool = False) 
     return out
 
 
+def apply_ceiling(blocks: dict[str, dict]) -> float:
+    """Widen every ratio's interval by the drift between runs that a path above the ceiling proves.
+
+    The on-device baseline is the ceiling: no input path can truly beat data already on the device. A path
+    whose whole ratio interval lies above 1.0 therefore shows that the machine ran the baseline slower than
+    that path by at least the interval's low end — a change of load between runs, which no path's own windows
+    see. Every comparison of the run is then uncertain by that factor too: each ratio interval [lo, hi]
+    becomes [lo / drift, hi · drift] and is judged again; more windows would not help (`windows_needed` is
+    dropped), interleaved measurement or a quieter machine would. Returns the drift (1.0: none seen).
+    `blocks`: path -> its `uncertainty` block (the baseline's included), changed in place.
+    """
+    drift = max((u["ratio"][0] for u in blocks.values() if u.get("ratio")), default=1.0)
+    if drift <= 1.0:
+        return 1.0
+    for u in blocks.values():
+        if not u.get("ratio"):
+            continue
+        lo, hi = u["ratio"][0] / drift, u["ratio"][1] * drift
+        u.update(ratio=[lo, hi], drift=drift, windows_needed=None, within_noise=lo <= 1.0 <= hi)
+        u["ratio_method"] = f"{u['ratio_method']}, widened by the drift between runs (x{drift:.2f})"
+        u["reading"] = WITHIN_NOISE if u["within_noise"] else "slower than baseline"
+    return drift
+
+
 def too_short_words(u: dict | None) -> str | None:
     """`run too short to tell: 12 windows of 4 steps would be needed`, or None when it need not be said."""
+    if u and u.get("within_noise") and u.get("drift"):
+        return (
+            f"the machine's load changed between the runs (a path ran {u['drift']:.2f}x the on-device baseline, "
+            "which is the ceiling): more windows would not tell; a quieter machine or interleaved runs would"
+        )
     if not u or not u.get("within_noise") or not u.get("windows_needed"):
         return None
     steps = f" of {u['steps_per_window']} steps" if u.get("steps_per_window") else ""

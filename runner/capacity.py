@@ -146,15 +146,12 @@ def overlap_lines(results: dict[str, dict]) -> list[str]:
     """One line per group of paths this run cannot rank (overlapping capacity intervals)."""
     lines, seen = [], set()
     for p, r in results.items():
-        c = r.get("capacity") or {}
-        same = c.get("cannot_tell_from") or []
-        group = tuple(sorted({p, *same}))
-        if same and group not in seen:
-            seen.add(group)
-            names = [q for q in results if q in group]
+        later = [q for q in (r.get("capacity") or {}).get("cannot_tell_from") or [] if (q, p) not in seen]
+        seen.update((p, q) for q in later)
+        if later:
             lines.append(
-                f"{', '.join(names[:-1])} and {names[-1]}: capacity intervals overlap; this run cannot tell them "
-                "apart (rank them on a quieter machine)"
+                f"{p} cannot be told from {' or '.join(later)} by this run: their capacity intervals overlap "
+                "(rank them on a quieter machine)"
             )
     return lines
 

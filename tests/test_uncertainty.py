@@ -188,6 +188,32 @@ def test_advice_for_a_faster_step_follows_the_framework():
     del base
 
 
+def test_a_path_above_the_ceiling_widens_every_ratio_by_the_drift_it_proves():
+    """`make bench` on the 2-core machine (3 windows of 4 steps, load changing between the runs): every path
+    read 1.15x to 2.91x the on-device baseline, beyond each run's own noise. The baseline is the ceiling, so the
+    load changed between runs by at least that much, and none of those ratios is a finding."""
+    rs = {
+        "gpu": result([3.716, 4.066, 4.126]),
+        "cpu": result([4.594, 4.672, 5.800], telemetry={"input_wait_share": 0.0}),
+        "python-queue": result([5.130, 5.400, 5.633], telemetry={"input_wait_share": 0.0}),
+        "python-dataset": result([11.696, 11.845, 12.375], telemetry={"input_wait_share": 0.0}),
+        "zmq-consume": result([6.018, 6.480, 6.602], telemetry={"input_wait_share": 0.0}),
+    }
+    add_ratios(rs)
+    add_verdicts(rs, framework="tf")
+    for path in ("cpu", "python-queue", "python-dataset", "zmq-consume"):
+        u = rs[path]["uncertainty"]
+        assert u["within_noise"] is True and u["drift"] == pytest.approx(11.696 / 4.126), u
+        assert rs[path]["verdict"]["level"] == WITHIN_NOISE
+        assert "load changed between the runs" in rs[path]["verdict"]["advice"]
+    assert "widened by that factor" in table(rs, 2, False)
+    assert cpu_caveat(rs, has_gpu=False, model="resnet50")
+    # A path clearly below the baseline stays a finding when the drift is smaller than its gap.
+    rs["slow"] = result([0.5, 0.52, 0.51])
+    add_ratios(rs)
+    assert rs["slow"]["uncertainty"]["within_noise"] is False
+
+
 def test_the_cpu_caveat_is_said_only_where_the_ratios_cannot_separate_the_paths():
     rs = issue_results()
     add_ratios(rs)
@@ -247,7 +273,7 @@ def test_paths_whose_capacity_intervals_overlap_are_named_as_not_told_apart():
     assert results["python-queue"]["capacity"]["cannot_tell_from"] == ["python-dataset"]
     assert results["zmq-consume"]["capacity"]["cannot_tell_from"] == []
     text = capacity_table(results)
-    assert "python-queue and python-dataset: capacity intervals overlap; this run cannot tell them apart" in text
+    assert "python-queue cannot be told from python-dataset by this run: their capacity intervals overlap" in text
     assert sum(p["repeat"] for p in results["zmq-consume"]["capacity"]["probes"]) >= 4
     png = capacity_png(results)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
