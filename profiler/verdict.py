@@ -169,6 +169,34 @@ def _producer_advice(feeder: dict | None, prod: dict, baseline_ips: float | None
     return "add producers (--producers) or workers (--producer-workers), or use DALI"
 
 
+def _no_better(other: dict, this: dict) -> bool:
+    """Whether `other` measured no better than `this` in the same run: capacity intervals when both have
+    them (other's low end not above this one's high end), else the ratios to the baseline."""
+    a, b = (other.get("capacity") or {}).get("interval"), (this.get("capacity") or {}).get("interval")
+    if a and b and a[0] is not None and b[0] is not None:
+        return b[1] is None or a[0] <= b[1]
+    ra, rb = other.get("ratio_to_baseline"), this.get("ratio_to_baseline")
+    if ra is None or rb is None:
+        return False
+    ua = other.get("uncertainty") or {}
+    return ra <= rb or bool(ua.get("within_noise"))
+
+
+def _without(name: str, advice: str) -> str:
+    """The advice without its "use NAME (...)" alternative: "X: use NAME (the op) or Y" -> "X: Y"."""
+    n = re.escape(name)
+    advice = re.sub(rf"\(\s*{n}\s*,\s*", "(", advice)  # "(zmq-consume, producers on other hosts)"
+    use = rf"use {n}(?:\s*\([^)]*\))?"
+    if f"use {name}" not in advice:
+        return advice
+    out = re.sub(rf"{use}(?:,\s*or\s+|\s+or\s+|,\s*)", "", advice, count=1)
+    if out == advice:
+        out = re.sub(rf"(?:,\s*or\s+|\s+or\s+|,\s*){use}", "", advice, count=1)
+    if out == advice:
+        out = re.sub(use, "", advice, count=1).strip(" :;,")
+    return out or "speed up this path's own stages"
+
+
 def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None) -> tuple[str, str]:
     """The input limits: the producers' figures say which side of the wire (stage, advice)."""
     prod = (result.get("telemetry") or {}).get("producers")
@@ -275,6 +303,13 @@ def add_verdicts(results: dict[str, dict], framework: str | None = None) -> None
         if "uncertainty" not in r:  # add_ratios gives it; a caller that skipped it still gets noise-aware verdicts
             r["uncertainty"] = uncertainty(r, base, is_baseline=path == BASELINE)
         r["verdict"] = verdict(path, r, base_ips, framework)
+    for path, r in results.items():  # advice to switch to a path this very run measured no better is dropped
+        v = r["verdict"]
+        for other, o in results.items():
+            named = f"use {other}" in v["advice"] or f"({other}," in v["advice"]
+            if other not in (path, BASELINE) and named and _no_better(o, r):
+                v["advice"] = _without(other, v["advice"])
+                v["evidence"] += f"; {other} measured no better in this run"
     add_attribution(results)  # and split each gap into waiting and slower steps (profiler/attribution.py)
 
 

@@ -214,6 +214,30 @@ def test_a_path_above_the_ceiling_widens_every_ratio_by_the_drift_it_proves():
     assert rs["slow"]["uncertainty"]["within_noise"] is False
 
 
+def test_advice_never_points_to_a_path_this_run_measured_no_better():
+    """The capacity run on the 2-core machine: python-queue 4,202 (4,202–4,854) img/s, zmq-consume 1,579
+    (1,579–2,212); python-queue's consumer advice must not say "use zmq-consume"."""
+
+    def path(name: str, cap: list[float], ips: float) -> dict:
+        r = result([ips, ips * 1.01, ips * 0.99], input=registry.get("tf", name)(None).describe())
+        r["telemetry"] = {"input_wait_share": 0.4, "producers": {"images_per_sec": ips, "send_wait_share": 0.98,
+                                                                "send_latency_ms": 113.0, "count": 2}}  # fmt: skip
+        r["capacity"] = {"images_per_sec": cap[0], "interval": cap}
+        return r
+
+    rs = {"gpu": result([14000.0, 14001.0, 13999.0]), "python-queue": path("python-queue", [4202.0, 4854.0], 6106.0),
+          "zmq-consume": path("zmq-consume", [1579.0, 2212.0], 3042.0)}  # fmt: skip
+    add_ratios(rs)
+    add_verdicts(rs)
+    v = rs["python-queue"]["verdict"]
+    assert "zmq-consume" not in v["advice"] and v["advice"], v
+    assert "zmq-consume measured no better in this run" in v["evidence"]
+    # Where zmq-consume did measure better, the advice stands.
+    rs["zmq-consume"]["capacity"]["interval"] = [9000.0, 9900.0]
+    add_verdicts(rs)
+    assert "use zmq-consume" in rs["python-queue"]["verdict"]["advice"]
+
+
 def test_the_cpu_caveat_is_said_only_where_the_ratios_cannot_separate_the_paths():
     rs = issue_results()
     add_ratios(rs)
