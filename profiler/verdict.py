@@ -309,7 +309,7 @@ def add_verdicts(results: dict[str, dict], framework: str | None = None) -> None
             named = f"use {other}" in v["advice"] or f"({other}," in v["advice"]
             if other not in (path, BASELINE) and named and _no_better(o, r):
                 v["advice"] = _without(other, v["advice"])
-                v["evidence"] += f"; {other} measured no better in this run"
+                v["evidence"] += f"; {other} did not measure better in this run"
     add_attribution(results)  # and split each gap into waiting and slower steps (profiler/attribution.py)
 
 

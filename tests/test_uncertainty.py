@@ -231,7 +231,7 @@ def test_advice_never_points_to_a_path_this_run_measured_no_better():
     add_verdicts(rs)
     v = rs["python-queue"]["verdict"]
     assert "zmq-consume" not in v["advice"] and v["advice"], v
-    assert "zmq-consume measured no better in this run" in v["evidence"]
+    assert "zmq-consume did not measure better in this run" in v["evidence"]
     # Where zmq-consume did measure better, the advice stands.
     rs["zmq-consume"]["capacity"]["interval"] = [9000.0, 9900.0]
     add_verdicts(rs)
