@@ -13,7 +13,11 @@ inside the trainer (its threads, by name).
 
 from __future__ import annotations
 
+from profiler.uncertainty import WITHIN_NOISE, too_short_words
+
 BASELINE = "gpu"
+# Below this many cores, the input's host work cannot be what made the steps slower.
+INPUT_CORES_SMALL = 0.1
 
 
 def attribute(result: dict, baseline: dict | None) -> dict | None:
@@ -30,12 +34,17 @@ def attribute(result: dict, baseline: dict | None) -> dict | None:
     share = tel.get("input_wait_share")
     waiting = min(gap, share) if share is not None else None
     slower = gap - waiting if waiting is not None else None
+    u = result.get("uncertainty") or {}
     out = {
         "ratio": ratio,
         "gap": gap,
         "waiting": waiting,
         "slower_steps": slower,
         "input_wait_share": share,
+        # The ratio's interval (profiler/uncertainty.py): a gap within noise is not split into causes.
+        "ratio_interval": u.get("ratio"),
+        "within_noise": u.get("within_noise"),
+        "too_short": too_short_words(u),
     }
     cpu = tel.get("cpu")
     if cpu:
@@ -71,8 +80,19 @@ def sentence(path: str, a: dict | None) -> str:
     used 0.9 cores (producers 0.6, receive 0.3)`."""
     if a is None:
         return f"{path}: no baseline to compare with"
+    cpu = a.get("cpu")
     if path == BASELINE:
         words = f"{path}: the baseline"
+    elif a.get("within_noise"):
+        lo, hi = a["ratio_interval"]
+        words = f"{path}: {WITHIN_NOISE} — {a['ratio']:.2f} of it, interval {lo:.2f}–{hi:.2f}"
+        if a.get("too_short"):
+            words += f"; {a['too_short']}"
+    elif a["gap"] <= 0 and a.get("within_noise") is False and a["ratio"] > 1:
+        words = (
+            f"{path}: {100 * (a['ratio'] - 1):.0f}% above the baseline beyond noise — the baseline should be the "
+            "ceiling, so the machine's load differed between the runs (paths run one after another)"
+        )
     elif a["gap"] <= 0:
         words = f"{path}: at the baseline ({100 * (a['ratio'] - 1):+.0f}%)"
     else:
@@ -81,9 +101,13 @@ def sentence(path: str, a: dict | None) -> str:
             words += f" — {100 * a['waiting']:.0f}% waiting for input, {100 * a['slower_steps']:.0f}% slower steps"
         else:
             words += " — input wait not measured"
-    cpu = a.get("cpu")
+    explained = path == BASELINE or a.get("within_noise") or a["gap"] <= 0
     if cpu:
-        joiner = " while the input used" if path != BASELINE and a["gap"] > 0 else "; the input used"
+        slower = a.get("slower_steps") or 0.0
+        small = cpu["input_cores"] < INPUT_CORES_SMALL
+        joiner = " while the input used" if not explained else "; the input used"
+        if not explained and small and slower > 0 and path != "cpu":
+            joiner = "; not explained by the input's CPU: it used"
         producers = (
             "producers not measured: external"
             if cpu["producer_cores"] is None
@@ -91,5 +115,5 @@ def sentence(path: str, a: dict | None) -> str:
         )
         words += f"{joiner} {cpu['input_cores']:.1f} cores ({producers}, receive {cpu['receive_cores']:.1f})"
     if path == "cpu":
-        words += "; the cpu path makes its images in TensorFlow's own threads, counted with the trainer"
+        words += "; the cpu path makes its images in the trainer's own threads, counted with the trainer"
     return words

@@ -12,7 +12,17 @@ achieves at that rate. Demand is devices x rate. The search:
    until they are within `tolerance` or the probes run out.
 The capacity is the demand of the highest probe kept up with, but never more
 than that probe delivered.
-Every probe is kept, so a reader sees the search, not just its answer.
+
+4. On a shared machine one probe per bracket end cannot rank paths, so the two
+   decisive probes (the highest rate kept up with, the lowest not) are tried
+   `confirm` more times each. The capacity's `interval` runs from the highest
+   demand every try kept up with (or, when a try there fell short, the least
+   that try delivered) to the lowest demand a try fell short at (open, `None`,
+   when no probe fell short). Two paths whose intervals overlap cannot be told
+   apart by this run (`overlap`). When most tries at the kept-up rate fall
+   short, the capacity is that interval's low end.
+Every probe is kept (repeats marked `"repeat": true`), so a reader sees the
+search, not just its answer.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 THRESHOLD = 0.97
+CONFIRM = 2  # extra tries at each decisive probe
+MORE_STEPS = 2  # steps up past an upper end that a repeated try kept up with
 
 
 @dataclass
@@ -32,9 +44,10 @@ class CapacitySearch:
     threshold: float = THRESHOLD
     max_probes: int = 5
     tolerance: float = 0.1
+    confirm: int = CONFIRM
     probes: list[dict] = field(default_factory=list)
 
-    def _try(self, rate: float) -> tuple[bool, float]:
+    def _try(self, rate: float, repeat: bool = False) -> tuple[bool, float]:
         result = self.probe(rate)
         got = result["images_per_sec"]["median"]
         base = self.baseline(rate)
@@ -49,6 +62,7 @@ class CapacitySearch:
                 "ratio": ratio,
                 "kept_up": kept_up,
                 "input_wait_share": (result.get("telemetry") or {}).get("input_wait_share"),
+                "repeat": repeat,
             }
         )
         return kept_up, got
@@ -86,16 +100,67 @@ class CapacitySearch:
                 lo = rate
             else:
                 hi = rate
+        for rate in (lo, hi):
+            for _ in range(self.confirm if rate is not None else 0):
+                self._try(rate, repeat=True)
+        # A try at the upper end kept up after all: the capacity may lie above it. Step up until every try
+        # at a rate falls short (at most MORE_STEPS steps; past that the interval stays open above).
+        steps = 0
+        while self.confirm and lo is not None and hi is not None and self._any_kept(hi):
+            if steps == MORE_STEPS:
+                hi = None
+                break
+            hi *= max(hi / lo, 1 + self.tolerance)
+            steps += 1
+            for _ in range(1 + self.confirm):
+                kept, _ = self._try(hi, repeat=True)
+                if kept:
+                    break
         best = max((p for p in self.probes if p["kept_up"]), key=lambda p: p["rate_per_device"], default=None)
         # Never more than a probe delivered: a demand the devices could not step at (a rate beyond what this
         # machine emulates) is not a capacity of the path.
         capacity = min(lo * self.towers, best["images_per_sec"]) if lo is not None and best else None
+        interval = self._interval(lo, hi)
+        at_lo = [p for p in self.probes if lo is not None and p["rate_per_device"] == lo]
+        if capacity is not None and 2 * sum(p["kept_up"] for p in at_lo) < len(at_lo):
+            capacity = interval[0]  # most tries fell short at the rate kept up with: it is not sustained
+        at_hi = [p for p in self.probes if hi is not None and p["rate_per_device"] == hi]
         return {
             "threshold": self.threshold,
             "images_per_sec": capacity,
+            "interval": list(interval),
+            "tries": {
+                "kept_up_at_bracket_low": [sum(p["kept_up"] for p in at_lo), len(at_lo)],
+                "kept_up_at_bracket_high": [sum(p["kept_up"] for p in at_hi), len(at_hi)],
+            },
             "rate_per_device": lo,
             "achieved_images_per_sec": best["images_per_sec"] if best else None,
             "bracket_per_device": [lo, hi],
             "below_lowest_probe": lo is None,
             "probes": self.probes,
         }
+
+    def _any_kept(self, rate: float) -> bool:
+        return any(p["kept_up"] for p in self.probes if p["rate_per_device"] == rate)
+
+    def _interval(self, lo: float | None, hi: float | None) -> tuple[float | None, float | None]:
+        """[highest demand every try kept up with (or the least a short try there delivered), lowest demand
+        a try fell short at]; see the module's docstring."""
+        upper = hi * self.towers if hi is not None else None
+        if lo is None:
+            return 0.0, upper
+        at_lo = [p for p in self.probes if p["rate_per_device"] == lo]
+        kept = [p["images_per_sec"] for p in at_lo if p["kept_up"]]
+        short = [p["images_per_sec"] for p in at_lo if not p["kept_up"]]
+        lower = min(short) if short else min([lo * self.towers, *kept])
+        return lower, upper
+
+
+def overlap(a: list | None, b: list | None) -> bool:
+    """Whether two capacity intervals [low, high] (high None: open above) overlap: the paths cannot be told
+    apart."""
+    if not a or not b or a[0] is None or b[0] is None:
+        return False
+    a_hi = math.inf if a[1] is None else a[1]
+    b_hi = math.inf if b[1] is None else b[1]
+    return a[0] <= b_hi and b[0] <= a_hi

@@ -10,36 +10,108 @@ from tabulate import tabulate
 from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
+from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, uncertainty
 
 SCHEMA_VERSION = 2  # of every JSON feedbench writes (--json, --out, --sweep); docs/results.schema.json
 
 
-def add_ratios(results: dict[str, dict]) -> None:
+def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) -> None:
+    """Each path's ratio to the baseline, and the `uncertainty` block of its figures (profiler/uncertainty.py).
+
+    `steps_per_window`: the timed steps of a window, for results without `schedule.timed_steps_per_window`
+    (it only words the "N windows of S steps would be needed" line).
+    """
     base = results.get(BASELINE)
-    for r in results.values():
+    for path, r in results.items():
         r["ratio_to_baseline"] = r["images_per_sec"]["median"] / base["images_per_sec"]["median"] if base else None
+        r["uncertainty"] = u = uncertainty(r, base, is_baseline=path == BASELINE)
+        if u["steps_per_window"] is None:
+            u["steps_per_window"] = steps_per_window
+    # A path above the ceiling (the baseline) proves the load changed between runs: every ratio carries it.
+    apply_ceiling({p: r["uncertainty"] for p, r in results.items()})
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"
 
 
 def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
+    """The results table, then a line that says how its intervals were taken.
+
+    "interval" is the median's interval over the path's windows and "vs gpu" the ratio with its interval;
+    "reading" says whether that ratio can be told from 1.0 at all.
+    """
     rows = []
+    methods = {}
     for path, r in results.items():
         ips = r["images_per_sec"]
         ratio = r.get("ratio_to_baseline")
+        u = r.get("uncertainty") or uncertainty(r, results.get(BASELINE), is_baseline=path == BASELINE)
+        lo, hi = u["images_per_sec"]
+        methods[u["method"]] = True
+        if path == BASELINE:
+            vs = "baseline"
+        elif ratio is None:
+            vs = "n/a"
+        elif u["ratio"]:
+            vs = f"{ratio:.2f} ({u['ratio'][0]:.2f}–{u['ratio'][1]:.2f})"
+        else:
+            vs = f"{ratio:.2f}"
+        reading = "" if path == BASELINE else (u.get("reading") or "")
         row = [
             path,
-            f"{ips['median']:.1f}",
-            f"{ips['min']:.1f}–{ips['max']:.1f}",
-            f"{r['images_per_sec_per_device']['median']:.1f}",
+            _rate(ips["median"]),
+            f"{_rate(lo)}–{_rate(hi)}",
+            _rate(r["images_per_sec_per_device"]["median"]),
             f"{r['step_time_ms']['p50']:.0f} / {r['step_time_ms']['p90']:.0f}",
-            "baseline" if path == BASELINE else (f"{ratio:.2f}" if ratio is not None else "n/a"),
+            vs,
+            reading,
         ]
         if input_only:
             row.append(f"{ips['median'] * r['bytes_per_image'] / 1e6:.0f}")
         rows.append(row)
-    headers = ["input path", "images/s", "min–max", f"per device ({towers})", "step ms p50 / p90", "vs gpu"]
+    headers = [
+        "input path", "images/s", "interval", f"per device ({towers})", "step ms p50 / p90", "vs gpu (interval)",
+        "reading",
+    ]  # fmt: skip
     if input_only:
         headers.append("MB/s")
-    return tabulate(rows, headers=headers, disable_numparse=True)
+    text = tabulate(rows, headers=headers, disable_numparse=True)
+    pairs = {(r.get("uncertainty") or {}).get("ratio_method") for r in results.values()} - {None}
+    foot = f"intervals: {'; '.join(methods)}" + (f"; ratios: {', '.join(sorted(pairs))}" if pairs else "")
+    drift = max(((r.get("uncertainty") or {}).get("drift") or 1.0) for r in results.values())
+    if drift > 1.0:
+        foot += (
+            f"\nthe baseline is the ceiling, yet a path ran {drift:.2f}x its rate: the load changed between the "
+            "runs, and every ratio's interval is widened by that factor"
+        )
+    if any((r.get("uncertainty") or {}).get("within_noise") for r in results.values()):
+        foot += f"\n{WITHIN_NOISE!r}: the ratio's interval holds 1.0; the run cannot tell that path from the baseline"
+    return f"{text}\n{foot}"
+
+
+def cpu_caveat(results: dict[str, dict], has_gpu: bool, model: str) -> str | None:
+    """One line for `make bench` without a GPU: the short ResNet-50 comparison cannot separate the paths here.
+
+    On CPU towers the model's own step takes the cores and dominates the run; with a few short windows on a
+    shared machine the ratios are noise. Said only when there is no GPU, the model is ResNet-50 and the
+    ratios are within noise (or the run had too few windows to judge), so a clear finding is never hidden.
+    """
+    if has_gpu or model not in ("resnet50", "ResNet-50"):
+        return None
+    others = {p: r for p, r in results.items() if p != BASELINE}
+    if not others:
+        return None
+    # Within noise, or a single window: no interval to judge by.
+    noise = [p for p, r in others.items() if (r.get("uncertainty") or {}).get("within_noise") is not False]
+    if not noise:
+        return None
+    windows = max(((r.get("uncertainty") or {}).get("windows") or 0) for r in results.values())
+    return (
+        f"note: without a GPU, this short ResNet-50 run ({windows} windows per path) is dominated by the model's "
+        f"own CPU time; its ratios cannot separate the input paths on this machine ({len(noise)} of {len(others)} "
+        "cannot be told from the baseline); the emulated capacity table that follows measures the paths themselves"
+    )
 
 
 def write_json(path: str, doc: dict) -> None:

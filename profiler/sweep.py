@@ -47,8 +47,16 @@ COLUMNS = [
     "images_per_sec",
     "images_per_sec_min",
     "images_per_sec_max",
+    "images_per_sec_lo",
+    "images_per_sec_hi",
     "images_per_sec_per_device",
     "ratio_to_baseline",
+    "ratio_lo",
+    "ratio_hi",
+    "within_noise",
+    "windows",
+    "interval_confidence",
+    "ratio_method",
     "scaling_efficiency",
     "step_time_ms_p50",
     "step_time_ms_p90",
@@ -146,6 +154,9 @@ def rows_of(runs: list[dict]) -> list[dict]:
         for path, r in run["paths"].items():
             tel = r.get("telemetry") or {}
             v = r.get("verdict") or {}
+            u = r.get("uncertainty") or {}
+            ips_iv = u.get("images_per_sec") or [r["images_per_sec"]["min"], r["images_per_sec"]["max"]]
+            ratio_iv = u.get("ratio") or [None, None]
             rows.append(
                 {
                     "path": path,
@@ -161,8 +172,17 @@ def rows_of(runs: list[dict]) -> list[dict]:
                     "images_per_sec": r["images_per_sec"]["median"],
                     "images_per_sec_min": r["images_per_sec"]["min"],
                     "images_per_sec_max": r["images_per_sec"]["max"],
+                    # The median's interval and the ratio's (profiler/uncertainty.py).
+                    "images_per_sec_lo": ips_iv[0],
+                    "images_per_sec_hi": ips_iv[1],
                     "images_per_sec_per_device": r["images_per_sec_per_device"]["median"],
                     "ratio_to_baseline": r.get("ratio_to_baseline"),
+                    "ratio_lo": ratio_iv[0],
+                    "ratio_hi": ratio_iv[1],
+                    "within_noise": u.get("within_noise"),
+                    "windows": u.get("windows", len(r["images_per_sec"].get("repeats") or [])),
+                    "interval_confidence": u.get("confidence"),
+                    "ratio_method": u.get("ratio_method"),
                     "scaling_efficiency": None,
                     "step_time_ms_p50": r["step_time_ms"]["p50"],
                     "step_time_ms_p90": r["step_time_ms"]["p90"],
@@ -201,12 +221,18 @@ def _f(x: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
 def to_markdown(rows: list[dict]) -> str:
     """The table a person reads first: one line per (grid point, path)."""
     head = [
-        "input path", "model", "devices", "batch", "fp16", "XLA", "images/s", "min–max", "per device",
-        "vs baseline", "scaling eff.", "input wait", "verdict (limiting stage)",
+        "input path", "model", "devices", "batch", "fp16", "XLA", "images/s", "interval", "per device",
+        "vs baseline (interval)", "scaling eff.", "input wait", "verdict (limiting stage)",
     ]  # fmt: skip
     cells = []
     for r in rows:
         ratio = "baseline" if r["path"] == BASELINE else _f(r["ratio_to_baseline"], ".2f")
+        if r["path"] != BASELINE and r.get("ratio_lo") is not None:
+            ratio += f" ({r['ratio_lo']:.2f}–{r['ratio_hi']:.2f})"
+            if r.get("within_noise"):
+                ratio += " ≈ within noise"
+        lo = r.get("images_per_sec_lo", r["images_per_sec_min"])
+        hi = r.get("images_per_sec_hi", r["images_per_sec_max"])
         model = r.get("model") or "ResNet-50"
         if r.get("emulated_images_per_sec_per_device"):
             model += f" ({r['emulated_images_per_sec_per_device']:.0f} img/s per device)"
@@ -219,15 +245,27 @@ def to_markdown(rows: list[dict]) -> str:
                 "yes" if r["use_fp16"] else "no",
                 "yes" if r["use_xla_compile"] else "no",
                 _f(r["images_per_sec"], ".1f"),
-                f"{r['images_per_sec_min']:.1f}–{r['images_per_sec_max']:.1f}",
+                f"{lo:.1f}–{hi:.1f}",
                 _f(r["images_per_sec_per_device"], ".1f"),
                 ratio,
                 _f(r["scaling_efficiency"], ".0f", 100, "%"),
                 _f(r["input_wait_share"], ".0f", 100, "%"),
-                f"{r['verdict'] or '–'} ({r['limiting_stage'] or '–'})",
+                r["verdict"]
+                if r["limiting_stage"] == "none"
+                else f"{r['verdict'] or '–'} ({r['limiting_stage'] or '–'})",
             ]
         )
-    return tabulate(cells, headers=head, tablefmt="github", disable_numparse=True) + "\n"
+    text = tabulate(cells, headers=head, tablefmt="github", disable_numparse=True) + "\n"
+    windows = sorted({r["windows"] for r in rows if r.get("windows")})
+    if windows:
+        n = windows[0] if len(windows) == 1 else f"{windows[0]}–{windows[-1]}"
+        conf = min((r["interval_confidence"] for r in rows if r.get("interval_confidence") is not None), default=None)
+        text += (
+            f"\nIntervals: the median's, by order statistics over {n} timed windows per path"
+            + (f" ({100 * conf:.0f}% confidence or more)" if conf else "")
+            + "; a ratio whose interval holds 1.0 is the same as the baseline within noise.\n"
+        )
+    return text
 
 
 def write_results(

@@ -13,19 +13,37 @@ When the input is the limit, the producers' own figures say which side of
 the wire: producers that rarely wait to send are working flat out (the
 producer limits); producers that mostly wait to send could give more, so
 the consumer (receive, deserialise, copy into the graph) limits.
+
+Before either rule, the figures must say there is something to explain: a
+path whose ratio to the baseline is within noise (profiler/uncertainty.py)
+gets "same as baseline (within noise)", no limiting stage and no advice but
+how long a run would tell. Every claim names its figure: a path slower than
+the baseline without waiting is said to compete for the host CPU only when
+its input measurably used CPU; otherwise the gap is called unexplained.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence
+from profiler.uncertainty import WITHIN_NOISE, too_short_words, uncertainty
 
 HIGH, MODERATE = 0.20, 0.05
-LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured")
+LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured", WITHIN_NOISE)
+# Below this many cores, the input's host work cannot be what slows the steps.
+INPUT_CORES_SMALL = 0.1
+# What makes the model's step faster, per framework (the result's, or the caller's).
+FASTER_STEP = {
+    "tf": "fp16 (--use-fp16), XLA (--use-xla-compile), more devices",
+    "tensorflow": "fp16 (--use-fp16), XLA (--use-xla-compile), more devices",
+    "torch": "fp16 autocast (--use-fp16), more devices",
+    None: "fp16 (--use-fp16), more devices",
+}
 # Producers blocked in send more than this share of their time have room to give more.
 SEND_WAIT_BUSY = 0.5
 
@@ -53,8 +71,34 @@ def _queue_words(q: dict | None) -> str | None:
     )
 
 
-def verdict(path: str, result: dict, baseline_ips: float | None = None) -> dict:
+def framework_of(result: dict, framework: str | None = None) -> str | None:
+    """The trainer a result came from: the caller's word, else the result's own `framework` (or its input's)."""
+    return framework or result.get("framework") or (result.get("input") or {}).get("framework")
+
+
+def verdict(path: str, result: dict, baseline_ips: float | None = None, framework: str | None = None) -> dict:
     """The verdict for one path's result (which holds "telemetry" and "input"); see docs/profiling.md."""
+    v = _verdict(path, result, baseline_ips, framework_of(result, framework))
+    if path != BASELINE:
+        v["advice"] = _not_this_path(path, v["advice"])
+    return v
+
+
+def _within_noise(path: str, result: dict, evidence: list[str]) -> dict:
+    """A path the run cannot tell from the baseline: no limit, no advice but how long a run would tell."""
+    u = result["uncertainty"]
+    lo, hi = u["ratio"]
+    ratio = result.get("ratio_to_baseline")
+    evidence.append(
+        f"{ratio:.2f} of the baseline, interval {lo:.2f}–{hi:.2f} over {u['windows']} windows holds 1.0"
+        if ratio is not None
+        else f"ratio interval {lo:.2f}–{hi:.2f} holds 1.0"
+    )
+    advice = too_short_words(u) or "nothing to change on this evidence: no difference from the baseline to explain"
+    return {"level": WITHIN_NOISE, "limiting_stage": "none", "evidence": "; ".join(evidence), "advice": advice}
+
+
+def _verdict(path: str, result: dict, baseline_ips: float | None, framework: str | None) -> dict:
     tel = result.get("telemetry") or {}
     share = tel.get("input_wait_share")
     level = level_of(share)
@@ -70,15 +114,16 @@ def verdict(path: str, result: dict, baseline_ips: float | None = None) -> dict:
             "evidence": "; ".join(evidence + ["data already on the device: the baseline"]),
             "advice": "this is the ceiling the other paths are measured against",
         }
+    if (result.get("uncertainty") or {}).get("within_noise"):
+        return _within_noise(path, result, evidence)
     q = tel.get("queue")
     queue_empty = q is not None and q["empty_share"] >= 0.5
     if level in LEVELS[:2] or (level == LEVELS[3] and queue_empty):
         stage, advice = _input_limits(result, evidence, baseline_ips)
-        advice = _not_this_path(path, advice)
         if queue_empty:
             evidence.append(_queue_words(q) + ": starved")
         return {"level": level, "limiting_stage": stage, "evidence": "; ".join(evidence), "advice": advice}
-    stage, advice = _trainer_limits(result, evidence, baseline_ips)
+    stage, advice = _trainer_limits(path, result, evidence, baseline_ips, framework)
     if level == LEVELS[3]:
         advice = "run with telemetry on to name the limiting stage"
         stage = "unknown"
@@ -91,7 +136,12 @@ def _busy(prod: dict | None) -> bool:
 
 
 def _not_this_path(path: str, advice: str) -> str:
-    """Advice never tells a run to switch to the path it is already on."""
+    """Advice never tells a run to switch to the path it is already on (nor lists it among the remedies)."""
+    name = re.escape(path)
+    # "(zmq-consume, producers on other hosts)" -> "(producers on other hosts)"
+    advice = re.sub(rf"\(\s*{name}\s*,\s*", "(", advice)
+    advice = re.sub(rf",\s*{name}\s*(?=[),])", "", advice)
+    advice = re.sub(rf"\(\s*{name}\s*\)\s*", "", advice)
     if f"use {path}" not in advice:
         return advice
     parts = [p for p in advice.replace(", or ", "; ").replace(" or ", "; ").split("; ") if f"use {path}" not in p]
@@ -117,6 +167,34 @@ def _producer_advice(feeder: dict | None, prod: dict, baseline_ips: float | None
             f"stage (bench_input.py --loader {feeder['loader']} --loader-only names it)"
         )
     return "add producers (--producers) or workers (--producer-workers), or use DALI"
+
+
+def _no_better(other: dict, this: dict) -> bool:
+    """Whether `other` measured no better than `this` in the same run: capacity intervals when both have
+    them (other's low end not above this one's high end), else the ratios to the baseline."""
+    a, b = (other.get("capacity") or {}).get("interval"), (this.get("capacity") or {}).get("interval")
+    if a and b and a[0] is not None and b[0] is not None:
+        return b[1] is None or a[0] <= b[1]
+    ra, rb = other.get("ratio_to_baseline"), this.get("ratio_to_baseline")
+    if ra is None or rb is None:
+        return False
+    ua = other.get("uncertainty") or {}
+    return ra <= rb or bool(ua.get("within_noise"))
+
+
+def _without(name: str, advice: str) -> str:
+    """The advice without its "use NAME (...)" alternative: "X: use NAME (the op) or Y" -> "X: Y"."""
+    n = re.escape(name)
+    advice = re.sub(rf"\(\s*{n}\s*,\s*", "(", advice)  # "(zmq-consume, producers on other hosts)"
+    use = rf"use {n}(?:\s*\([^)]*\))?"
+    if f"use {name}" not in advice:
+        return advice
+    out = re.sub(rf"{use}(?:,\s*or\s+|\s+or\s+|,\s*)", "", advice, count=1)
+    if out == advice:
+        out = re.sub(rf"(?:,\s*or\s+|\s+or\s+|,\s*){use}", "", advice, count=1)
+    if out == advice:
+        out = re.sub(use, "", advice, count=1).strip(" :;,")
+    return out or "speed up this path's own stages"
 
 
 def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None) -> tuple[str, str]:
@@ -151,7 +229,25 @@ def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None)
     return "input", words["input_advice"]
 
 
-def _trainer_limits(result: dict, evidence: list[str], baseline_ips: float | None) -> tuple[str, str]:
+def _clearly_below(result: dict, ips: float, baseline_ips: float) -> bool:
+    """Below the baseline beyond noise (the ratio's interval under 1.0); without an interval, 20% below."""
+    u = result.get("uncertainty") or {}
+    if u.get("ratio") and u.get("within_noise") is not None:
+        return u["ratio"][1] < 1.0
+    return ips < 0.8 * baseline_ips
+
+
+def _input_cores(result: dict) -> float | None:
+    cpu = (result.get("telemetry") or {}).get("cpu")
+    try:
+        return cpu["input"]["total"]["cores"]
+    except (TypeError, KeyError):
+        return None
+
+
+def _trainer_limits(
+    path: str, result: dict, evidence: list[str], baseline_ips: float | None, framework: str | None = None
+) -> tuple[str, str]:
     """The input keeps up: the trainer sets the pace, unless the input slows the steps down (stage, advice)."""
     tel = result.get("telemetry") or {}
     q, prod = tel.get("queue"), tel.get("producers")
@@ -163,22 +259,57 @@ def _trainer_limits(result: dict, evidence: list[str], baseline_ips: float | Non
             f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
             f"(send latency {prod['send_latency_ms']:.0f} ms): the trainer sets the pace"
         )
-    advice = "the input keeps up: a faster model step (fp16, XLA, more devices) is what would help"
+    faster = FASTER_STEP.get(framework, FASTER_STEP[None])
+    advice = f"the input keeps up: a faster model step ({faster}) is what would help"
     if baseline_ips:
         evidence.append(f"{ips:.0f} img/s against {baseline_ips:.0f} img/s with on-device data")
-        if ips < 0.8 * baseline_ips:
-            # Slower than the baseline without waiting: the input's host work competes with the step.
-            evidence.append("steps are slower without waiting for input: the input competes for the host CPU")
-            advice = (result.get("input") or _GENERIC)["host_cpu_advice"]
+        if _clearly_below(result, ips, baseline_ips):
+            gap = 100 * (1 - ips / baseline_ips)
+            cores = _input_cores(result)
+            words = result.get("input") or _GENERIC
+            if path == "cpu":
+                # Its images are made by the trainer's own threads: their CPU is counted with the trainer.
+                evidence.append(
+                    f"steps are {gap:.0f}% slower without waiting for input: this path makes its images in the "
+                    "trainer's own threads every step, so making them is part of each step"
+                )
+                return "trainer", words["input_advice"]
+            if cores is not None and cores >= INPUT_CORES_SMALL:
+                evidence.append(
+                    f"steps are {gap:.0f}% slower without waiting for input while the input used {cores:.1f} "
+                    "cores: it competes with the step for the host CPU"
+                )
+                return "trainer", words["host_cpu_advice"]
+            used = "input CPU not measured" if cores is None else f"the input used {cores:.1f} cores"
+            evidence.append(
+                f"{gap:.0f}% below the baseline beyond noise, yet steps barely wait for input and {used}: "
+                "not explained by the input's figures; the difference is in the trainer step itself with this "
+                "path (its copy to the device, the step's own host work) or in the machine's load between the "
+                "runs (paths run one after another)"
+            )
+            return "unexplained", "rerun with more windows (--repeats) to confirm it; --profile shows the step's time"
     return "trainer", advice
 
 
-def add_verdicts(results: dict[str, dict]) -> None:
-    """Give every path its verdict, against the baseline of the same invocation."""
+def add_verdicts(results: dict[str, dict], framework: str | None = None) -> None:
+    """Give every path its verdict, against the baseline of the same invocation.
+
+    `framework` ("tf" or "torch") picks the words for a faster model step; without it, each result's own
+    `framework` field, else advice that holds for both.
+    """
     base = results.get(BASELINE)
     base_ips = base["images_per_sec"]["median"] if base else None
     for path, r in results.items():
-        r["verdict"] = verdict(path, r, base_ips)
+        if "uncertainty" not in r:  # add_ratios gives it; a caller that skipped it still gets noise-aware verdicts
+            r["uncertainty"] = uncertainty(r, base, is_baseline=path == BASELINE)
+        r["verdict"] = verdict(path, r, base_ips, framework)
+    for path, r in results.items():  # advice to switch to a path this very run measured no better is dropped
+        v = r["verdict"]
+        for other, o in results.items():
+            named = f"use {other}" in v["advice"] or f"({other}," in v["advice"]
+            if other not in (path, BASELINE) and named and _no_better(o, r):
+                v["advice"] = _without(other, v["advice"])
+                v["evidence"] += f"; {other} did not measure better in this run"
     add_attribution(results)  # and split each gap into waiting and slower steps (profiler/attribution.py)
 
 
@@ -211,12 +342,12 @@ def table(results: dict[str, dict]) -> str:
     )
 
 
-def verdicts_text(results: dict[str, dict]) -> str:
+def verdicts_text(results: dict[str, dict], framework: str | None = None) -> str:
     """Give every path its verdict and attribution; the verdict table, then one line of each per path.
 
     What both trainers print after their results table.
     """
-    add_verdicts(results)
+    add_verdicts(results, framework)
     verdicts = "\n".join(line(path, r["verdict"]) for path, r in results.items())
     gaps = "\n".join(sentence(path, r.get("attribution")) for path, r in results.items())
     return f"{table(results)}\n\n{verdicts}\n\n{gaps}"

@@ -10,6 +10,10 @@ capacity; between those, its efficiency (achieved / set rate) is taken as
 measured at the preset's rate, unless the machine could not step the
 devices at half that rate: then the baseline at a rate is the demand, at
 most what it delivered. A capacity is never more than its probe delivered.
+
+Each capacity comes with an interval (profiler/capacity.py: the decisive
+probes are tried again), the baseline's from its runs after the first; the
+table says which paths' intervals overlap: those this run cannot rank.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import replace
 
 from core.config import BASELINE, BenchConfig, emulated_batch
 from core.emulate import rate_text
-from profiler.capacity import CapacitySearch
+from profiler.capacity import CONFIRM, CapacitySearch, overlap
 
 PROBE_STEPS = {"warmup_steps": 8, "steps": 20, "repeats": 1}
 LOW_EFFICIENCY = 0.5  # below this share of the set rate, the machine, not the path, limits the baseline
@@ -50,15 +54,21 @@ def find_capacities(
     run_path: Callable[[BenchConfig, str], dict],
     batch_given: bool,
     log: Callable[[str], None] = print,
+    confirm: int = CONFIRM,
 ) -> tuple[dict[str, dict], dict]:
-    """({path: its result at the preset's rate, with "capacity"}, the baseline's figures)."""
+    """({path: its result at the preset's rate, with "capacity"}, the baseline's figures).
+
+    `confirm`: extra tries at each path's two decisive probes (0: one probe each, no interval to speak of).
+    """
     towers = cfg.num_gpus
     start = cfg.emulation["images_per_sec"]
     preset_rate = start
-    # Twice: the first run of a process also pays for loading TensorFlow's kernels and the op.
-    runs = [run_path(probe_config(cfg, start, batch_given), BASELINE) for _ in range(2)]
+    # The first run of a process also pays for loading TensorFlow's kernels and the op; the others give the
+    # baseline's spread.
+    runs = [run_path(probe_config(cfg, start, batch_given), BASELINE) for _ in range(2 + (1 if confirm else 0))]
     base0 = max(runs, key=lambda r: r["images_per_sec"]["median"])
     base0_ips = base0["images_per_sec"]["median"]
+    base_range = [min(r["images_per_sec"]["median"] for r in runs[1:]), base0_ips]
     efficiency = base0_ips / (start * towers)
     log(
         f"  gpu baseline at {rate_text(start)} img/s per device: {rate_text(base0_ips)} img/s "
@@ -93,7 +103,7 @@ def find_capacities(
                 first.update(r)
             return r
 
-        found = CapacitySearch(towers, probe, baseline).run(start)
+        found = CapacitySearch(towers, probe, baseline, confirm=confirm).run(start)
         if found["rate_per_device"] is not None:
             at = run_path(probe_config(cfg, found["rate_per_device"], batch_given), BASELINE)
             found["baseline_at_capacity"] = at["images_per_sec"]["median"]
@@ -104,6 +114,7 @@ def find_capacities(
         results[path] = {**first, "capacity": found}
     base0["capacity"] = {
         "images_per_sec": base0_ips,
+        "interval": base_range,
         "rate_per_device": start,
         "devices": base0_ips / preset_rate,
         "device": cfg.emulation["device"],
@@ -111,7 +122,38 @@ def find_capacities(
         "efficiency": efficiency,
         "probes": [],
     }
+    _mark_overlaps(results)
     return results, {"images_per_sec": base0_ips, "efficiency": efficiency}
+
+
+def _mark_overlaps(results: dict[str, dict]) -> None:
+    """Each path's `capacity.cannot_tell_from`: the other paths whose capacity intervals overlap its own."""
+    caps = {p: r["capacity"] for p, r in results.items() if r.get("capacity") and p != BASELINE}
+    for p, c in caps.items():
+        c["cannot_tell_from"] = [q for q, d in caps.items() if q != p and overlap(c.get("interval"), d.get("interval"))]
+
+
+def _interval_text(c: dict) -> str:
+    iv = c.get("interval")
+    if not iv or iv[0] is None:
+        return "-"
+    if iv[1] is None:
+        return f">= {rate_text(iv[0])}"
+    return f"{rate_text(iv[0])}–{rate_text(iv[1])}"
+
+
+def overlap_lines(results: dict[str, dict]) -> list[str]:
+    """One line per group of paths this run cannot rank (overlapping capacity intervals)."""
+    lines, seen = [], set()
+    for p, r in results.items():
+        later = [q for q in (r.get("capacity") or {}).get("cannot_tell_from") or [] if (q, p) not in seen]
+        seen.update((p, q) for q in later)
+        if later:
+            lines.append(
+                f"{p} cannot be told from {' or '.join(later)} by this run: their capacity intervals overlap "
+                "(rank them on a quieter machine)"
+            )
+    return lines
 
 
 def table(results: dict[str, dict]) -> str:
@@ -124,19 +166,28 @@ def table(results: dict[str, dict]) -> str:
         if not c:
             continue
         if path == BASELINE:
-            rows.append([path, rate_text(c["images_per_sec"]), f"{c['devices']:.2f}", "baseline", "-"])
+            rows.append(
+                [path, rate_text(c["images_per_sec"]), _interval_text(c), f"{c['devices']:.2f}", "baseline", "-"]
+            )
             continue
         lo, hi = c["bracket_per_device"]
         cap = "< lowest probe" if c["images_per_sec"] is None else rate_text(c["images_per_sec"])
         if hi is None and c["images_per_sec"] is not None:
             cap = ">= " + cap
-        rows.append([path, cap, f"{c['devices']:.2f}", str(len(c["probes"])), _bracket(lo, hi)])
+        tries = c.get("tries") or {}
+        ok, n_ok = tries.get("kept_up_at_bracket_low") or (0, 0)
+        kept_hi, n_hi = tries.get("kept_up_at_bracket_high") or (0, 0)
+        bracket = _bracket(lo, hi)
+        if n_ok or n_hi:  # how many tries agreed at each end
+            bracket += f" (ok {ok}/{n_ok}, short {n_hi - kept_hi}/{n_hi})"
+        rows.append([path, cap, _interval_text(c), f"{c['devices']:.2f}", str(len(c["probes"])), bracket])
     device = next((r["capacity"]["device"] for r in results.values() if r.get("capacity")), "?")
-    return tabulate(
+    text = tabulate(
         rows,
-        headers=["input path", "capacity img/s", f"emulated {device}s", "probes", "bracket per device"],
+        headers=["input path", "capacity img/s", "interval", f"emulated {device}s", "probes", "bracket per device"],
         disable_numparse=True,
     )
+    return "\n".join([text, *overlap_lines(results)])
 
 
 def _bracket(lo: float | None, hi: float | None) -> str:

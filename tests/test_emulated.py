@@ -62,6 +62,8 @@ def test_capacity_of_a_throttled_producer_is_the_throttle() -> None:
     )
     cap = results["zmq-consume"]["capacity"]
     assert cap["images_per_sec"] == pytest.approx(300.0, rel=0.10), cap["probes"]
+    lo, hi = cap["interval"]
+    assert lo <= 300.0 * 1.05 and (hi is None or hi >= 300.0 * 0.95), cap  # the throttle inside its interval
     assert cap["device"] == "custom" and len(cap["probes"]) >= 2
     assert any(not p["kept_up"] for p in cap["probes"]) and any(p["kept_up"] for p in cap["probes"])
 

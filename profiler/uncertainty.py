@@ -1,0 +1,247 @@
+"""How sure each figure is: an interval for a path's median images/s and for its ratio to the baseline.
+
+Framework-neutral; it reads only what every result holds: `images_per_sec`
+(profiler/summary.py), whose `repeats` are the per-window images/s in the
+order the windows ran, and, when present, `schedule.timed_steps_per_window`.
+
+Method: a distribution-free order-statistics interval for the median. For n
+windows drawn from any continuous distribution, the median lies between the
+k-th smallest and the k-th largest window with probability
+1 - 2·P(Binomial(n, 1/2) < k), exactly. We take the narrowest such interval
+whose confidence is at least 95%; below 6 windows none reaches 95%, and the
+interval is the windows' min–max, with its own confidence reported
+(75% with 3 windows, 94% with 5). Why not a bootstrap: with the 3 to 7
+windows a run has, a bootstrap of the median can only return window values
+anyway, its confidence is unknown and it depends on a seed; the order
+statistics give the same kind of interval with a confidence that is exact.
+The caveat both share: windows are treated as independent draws, which a
+machine whose load drifts during the run does not give.
+
+The ratio path/baseline: when the path's windows alternated with the
+baseline's in one process (the result says `"interleaved": true`) and the
+counts match, the ratios of window i to baseline window i are paired and get
+the same interval (`paired windows`): a disturbance that hits both windows of
+a pair cancels. Paths measured one after another have no such pairing (which
+window is "i" is arbitrary, and the interval would depend on it); their
+interval is the distribution-free one for a shift between two samples
+(Moses' interval from the Mann–Whitney statistic, the one that goes with the
+Hodges–Lehmann estimate), on the logs of the windows: the k-th smallest to
+the k-th largest of every ratio path window / baseline window, with k from
+the exact distribution of U, again the narrowest with 95% or, with few
+windows, the min–max (3 windows each: 90%) (`pairwise ratios`). It assumes
+the noise has the same shape in both runs, the path's only scaled.
+
+A ratio whose interval holds 1.0 is "same as baseline (within noise)": the
+run cannot tell the path from the baseline, and nothing else in the report
+may read a limit or advice into it. `windows_needed` says roughly how many
+windows would separate the observed difference from the noise (normal
+approximation on the log of the windows).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Sequence
+
+CONFIDENCE = 0.95
+# The order-statistics interval of the median reaches 95% from this many windows on.
+MIN_WINDOWS_95 = 6
+WITHIN_NOISE = "same as baseline (within noise)"
+ONE_WINDOW = "one window: noise unknown"
+# Differences smaller than this share are not worth the windows it would take to resolve them.
+NEGLIGIBLE = 0.01
+# Above this relative spread of a path's windows ((max - min) / median) the machine is noisy.
+NOISY_SPREAD = 0.10
+
+
+def _binom_cdf_below(k: int, n: int) -> float:
+    """P(Binomial(n, 1/2) < k)."""
+    return sum(math.comb(n, i) for i in range(k)) / 2**n
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(low, high, its confidence) for the median of `values` by order statistics; see the module's docstring.
+
+    One value gives (v, v, 0.0): no spread to judge by.
+    """
+    if not values:
+        raise ValueError("no windows to take an interval of")
+    xs = sorted(values)
+    n = len(xs)
+    if n == 1:
+        return xs[0], xs[0], 0.0
+    # The largest k (narrowest interval) whose coverage still reaches `confidence`; k = 1 (min–max) otherwise.
+    best = 1
+    for k in range(1, n // 2 + 1):
+        if 1 - 2 * _binom_cdf_below(k, n) >= confidence:
+            best = k
+        else:
+            break
+    return xs[best - 1], xs[n - best], 1 - 2 * _binom_cdf_below(best, n)
+
+
+def method_words(n: int) -> str:
+    """How the interval of n windows was taken, for the JSON and the table's footnote."""
+    if n <= 1:
+        return "one window: no interval"
+    lo, hi, conf = median_interval(list(range(n)))
+    if lo == 0:
+        return f"order statistics of {n} windows: min–max, {100 * conf:.0f}% confidence for the median"
+    return f"order statistics of {n} windows: {lo + 1}th smallest to {lo + 1}th largest, {100 * conf:.0f}% confidence"
+
+
+def windows_needed(path_windows: Sequence[float], base_windows: Sequence[float], ratio: float) -> int | None:
+    """Roughly how many windows per path would tell `ratio` from 1.0, from the windows' spread.
+
+    Normal approximation: the log-ratio of two medians of n windows has a standard error of about
+    1.2533 · sqrt(s_path² + s_base²) / sqrt(n) (s: the standard deviation of the log of the windows);
+    n is the smallest count that puts 1.96 of them inside |log ratio|, and never below the 6 windows the
+    order-statistics interval needs for 95%. None when the difference is under 1% (not worth resolving)
+    or there is no spread to estimate from.
+    """
+    if ratio <= 0 or abs(ratio - 1) < NEGLIGIBLE:
+        return None
+    spread = [statistics.stdev([math.log(v) for v in w]) for w in (path_windows, base_windows) if len(w) >= 2]
+    if not spread or min(min(path_windows, default=1), min(base_windows, default=1)) <= 0:
+        return None
+    s = math.sqrt(sum(x * x for x in spread) * (2 / len(spread)))  # one side unknown: assume alike
+    need = (1.96 * 1.2533 * s / abs(math.log(ratio))) ** 2
+    return max(MIN_WINDOWS_95, math.ceil(need))
+
+
+@functools.lru_cache(maxsize=64)
+def _mann_whitney_counts(n: int, m: int) -> list[int]:
+    """How many of the C(n+m, n) orderings give each value of the Mann–Whitney U (0..n·m), exactly."""
+    # f[i][j][u]: orderings of i and j values with statistic u; f(i, j) = f(i-1, j) shifted by j + f(i, j-1).
+    prev = [[1] for _ in range(m + 1)]  # i = 0: one ordering, U = 0
+    for i in range(1, n + 1):
+        cur = [[1]]  # j = 0
+        for j in range(1, m + 1):
+            a, b = prev[j], cur[j - 1]
+            size = i * j + 1
+            row = [0] * size
+            for u, c in enumerate(a):
+                row[u + j] += c
+            for u, c in enumerate(b):
+                row[u] += c
+            cur.append(row)
+        prev = cur
+    return prev[m]
+
+
+def shift_interval(
+    xs: Sequence[float], ys: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float, float]:
+    """(low, high, confidence) for the shift x - y between two samples: Moses' interval (see the docstring)."""
+    n, m = len(xs), len(ys)
+    diffs = sorted(x - y for x in xs for y in ys)
+    counts = _mann_whitney_counts(n, m)
+    total = math.comb(n + m, n)
+    best, below = 1, 0
+    for k in range(1, n * m // 2 + 1):
+        below += counts[k - 1]  # orderings with U <= k - 1 (the list is cached: never changed here)
+        if 1 - 2 * below / total >= confidence:
+            best = k
+        else:
+            break
+    conf = 1 - 2 * sum(counts[:best]) / total
+    return diffs[best - 1], diffs[n * m - best], conf
+
+
+def ratio_interval(
+    path_windows: Sequence[float], base_windows: Sequence[float], paired: bool = False
+) -> tuple[float, float, float, str]:
+    """(low, high, confidence, method) of the ratio path / baseline; see the module's docstring."""
+    if paired and len(path_windows) == len(base_windows) and all(b > 0 for b in base_windows):
+        lo, hi, conf = median_interval([p / b for p, b in zip(path_windows, base_windows)])
+        return lo, hi, conf, "paired windows"
+    if min(path_windows) <= 0 or min(base_windows) <= 0:
+        return 0.0, math.inf, 0.0, "pairwise ratios"
+    lo, hi, conf = shift_interval([math.log(v) for v in path_windows], [math.log(v) for v in base_windows])
+    return math.exp(lo), math.exp(hi), conf, "pairwise ratios"
+
+
+def _windows(result: dict) -> list[float]:
+    ips = result["images_per_sec"]
+    return list(ips.get("repeats") or ips.get("windows") or [ips["median"]])
+
+
+def uncertainty(result: dict, baseline: dict | None, is_baseline: bool = False) -> dict:
+    """The `uncertainty` block of one path's result (docs/results.md)."""
+    w = _windows(result)
+    lo, hi, conf = median_interval(w)
+    med = statistics.median(w)
+    steps = (result.get("schedule") or {}).get("timed_steps_per_window")
+    out: dict = {
+        "method": method_words(len(w)),
+        "windows": len(w),
+        "steps_per_window": steps,
+        "confidence": conf,
+        "images_per_sec": [lo, hi],
+        "spread": (max(w) - min(w)) / med if med > 0 else None,
+        "noisy": med > 0 and (max(w) - min(w)) / med > NOISY_SPREAD,
+        "ratio": None,
+        "ratio_method": None,
+        "ratio_confidence": None,
+        "within_noise": None,
+        "windows_needed": None,
+        "reading": "baseline" if is_baseline else None,
+    }
+    if is_baseline or baseline is None:
+        return out
+    bw = _windows(baseline)
+    rlo, rhi, rconf, how = ratio_interval(w, bw, paired=bool(result.get("interleaved")))
+    out.update(ratio=[rlo, rhi], ratio_method=how, ratio_confidence=rconf)
+    if len(w) < 2 or len(bw) < 2:  # no spread: no interval to speak of
+        out.update(ratio=None, ratio_method=None, ratio_confidence=None, reading=ONE_WINDOW)
+        return out
+    within = rlo <= 1.0 <= rhi
+    ratio = med / statistics.median(bw) if statistics.median(bw) > 0 else 0.0
+    out["within_noise"] = within
+    if within:
+        out["reading"] = WITHIN_NOISE
+        need = windows_needed(w, bw, ratio)
+        # The estimate is rough: when it says the run already had enough, ask for twice as many.
+        out["windows_needed"] = max(need, 2 * len(w)) if need is not None and need <= len(w) else need
+    else:
+        out["reading"] = "slower than baseline" if rhi < 1.0 else "faster than baseline"
+    return out
+
+
+def apply_ceiling(blocks: dict[str, dict]) -> float:
+    """Widen every ratio's interval by the drift between runs that a path above the ceiling proves.
+
+    The on-device baseline is the ceiling: no input path can truly beat data already on the device. A path
+    whose whole ratio interval lies above 1.0 therefore shows that the machine ran the baseline slower than
+    that path by at least the interval's low end — a change of load between runs, which no path's own windows
+    see. Every comparison of the run is then uncertain by that factor too: each ratio interval [lo, hi]
+    becomes [lo / drift, hi · drift] and is judged again; more windows would not help (`windows_needed` is
+    dropped), interleaved measurement or a quieter machine would. Returns the drift (1.0: none seen).
+    `blocks`: path -> its `uncertainty` block (the baseline's included), changed in place.
+    """
+    drift = max((u["ratio"][0] for u in blocks.values() if u.get("ratio")), default=1.0)
+    if drift <= 1.0:
+        return 1.0
+    for u in blocks.values():
+        if not u.get("ratio"):
+            continue
+        lo, hi = u["ratio"][0] / drift, u["ratio"][1] * drift
+        u.update(ratio=[lo, hi], drift=drift, windows_needed=None, within_noise=lo <= 1.0 <= hi)
+        u["ratio_method"] = f"{u['ratio_method']}, widened by the drift between runs (x{drift:.2f})"
+        u["reading"] = WITHIN_NOISE if u["within_noise"] else "slower than baseline"
+    return drift
+
+
+def too_short_words(u: dict | None) -> str | None:
+    """`run too short to tell: 12 windows of 4 steps would be needed`, or None when it need not be said."""
+    if u and u.get("within_noise") and u.get("drift"):
+        return (
+            f"the machine's load changed between the runs (a path ran {u['drift']:.2f}x the on-device baseline, "
+            "which is the ceiling): more windows would not tell; a quieter machine or interleaved runs would"
+        )
+    if not u or not u.get("within_noise") or not u.get("windows_needed"):
+        return None
+    steps = f" of {u['steps_per_window']} steps" if u.get("steps_per_window") else ""
+    return f"run too short to tell: {u['windows_needed']} windows{steps} would be needed (--repeats)"
