@@ -71,7 +71,7 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
     started, results = run_paths(plugin, cfg, gpus, batch_given=base.batch is not None)
     if results is None:
         return 0  # another node of the run writes the report
-    report(plugin, cfg, results, out, started, gpus)
+    report(plugin, cfg, results, out, started, gpus, bench=bench)
     if bench and not gpus:
         # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
         # H100s each path would keep fed (docs/emulated.md).
@@ -143,19 +143,30 @@ def each_path(cfg: BenchConfig, run_path: Callable[[BenchConfig, str], dict]) ->
 
 
 def report(
-    plugin: Trainer, cfg: BenchConfig, results: dict[str, dict], out: str | None, started: float, gpus: int
+    plugin: Trainer,
+    cfg: BenchConfig,
+    results: dict[str, dict],
+    out: str | None,
+    started: float,
+    gpus: int,
+    bench: bool = False,
 ) -> None:
-    """The tables, the verdicts, and the files asked for (--out, --json): the same for every framework."""
+    """The tables, the verdicts, and the files asked for (--out, --json): the same for every framework.
+
+    `bench`: `make bench`'s first half, which an emulated capacity table follows on a machine without a GPU.
+    """
     from harness import document
     from profiler import report as tables
     from profiler.cluster_report import rank_lines
     from profiler.verdict import verdicts_text
 
-    tables.add_ratios(results)
+    tables.add_ratios(results, steps_per_window=cfg.steps)
     print()
     if cfg.model == "emulated":
         print(model_words(cfg))
     print(tables.table(results, plugin.devices(cfg), cfg.input_only))
+    if bench and (caveat := tables.cpu_caveat(results, gpus > 0, cfg.model)):
+        print(caveat)
     for line in rank_lines(results):
         print(line)
     if cfg.find_capacity:
@@ -165,7 +176,7 @@ def report(
         print(capacity_table(results))
     if cfg.telemetry:
         print()
-        print(verdicts_text(results))
+        print(verdicts_text(results, framework=plugin.framework))
     if cfg.profile_dir:
         print()
         print(plugin.how_to_open(cfg.profile_dir))
@@ -210,9 +221,9 @@ def sweep(plugin: Trainer, base: BenchConfig, grid: dict, gpus: int, out: str) -
             bar.update(1)
             if results is None:
                 continue  # another node writes the report
-            tables.add_ratios(results)
+            tables.add_ratios(results, steps_per_window=cfg.steps)
             if cfg.telemetry:
-                add_verdicts(results)
+                add_verdicts(results, framework=plugin.framework)
             runs.append({"config": document.config_of(plugin, cfg), "paths": results})
     finally:
         bar.close()

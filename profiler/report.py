@@ -24,6 +24,8 @@ def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) ->
     base = results.get(BASELINE)
     for path, r in results.items():
         r["ratio_to_baseline"] = r["images_per_sec"]["median"] / base["images_per_sec"]["median"] if base else None
+        if isinstance(r.get("interleaved"), dict):  # --interleave: the median of the paired ratios
+            r["ratio_to_baseline"] = r["interleaved"]["ratio"]
         r["uncertainty"] = u = uncertainty(r, base, is_baseline=path == BASELINE)
         if u["steps_per_window"] is None:
             u["steps_per_window"] = steps_per_window

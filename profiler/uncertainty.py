@@ -192,7 +192,13 @@ def uncertainty(result: dict, baseline: dict | None, is_baseline: bool = False) 
     if is_baseline or baseline is None:
         return out
     bw = _windows(baseline)
-    rlo, rhi, rconf, how = ratio_interval(w, bw, paired=bool(result.get("interleaved")))
+    alternated = result.get("interleaved")
+    if isinstance(alternated, dict):  # --interleave: pairs of runs, back to back (harness/interleave.py)
+        w, bw = alternated["images_per_sec"], alternated["baseline_images_per_sec"]
+        rlo, rhi, rconf, _ = ratio_interval(w, bw, paired=True)
+        how = f"alternating runs ({alternated['pairs']} pairs)"
+    else:
+        rlo, rhi, rconf, how = ratio_interval(w, bw, paired=bool(alternated))
     out.update(ratio=[rlo, rhi], ratio_method=how, ratio_confidence=rconf)
     if len(w) < 2 or len(bw) < 2:  # no spread: no interval to speak of
         out.update(ratio=None, ratio_method=None, ratio_confidence=None, reading=ONE_WINDOW)
@@ -221,12 +227,11 @@ def apply_ceiling(blocks: dict[str, dict]) -> float:
     dropped), interleaved measurement or a quieter machine would. Returns the drift (1.0: none seen).
     `blocks`: path -> its `uncertainty` block (the baseline's included), changed in place.
     """
-    drift = max((u["ratio"][0] for u in blocks.values() if u.get("ratio")), default=1.0)
+    sequential = {p: u for p, u in blocks.items() if u.get("ratio") and "alternating" not in u["ratio_method"]}
+    drift = max((u["ratio"][0] for u in sequential.values()), default=1.0)
     if drift <= 1.0:
         return 1.0
-    for u in blocks.values():
-        if not u.get("ratio"):
-            continue
+    for u in sequential.values():  # a ratio from alternating runs saw the same load on both sides
         lo, hi = u["ratio"][0] / drift, u["ratio"][1] * drift
         u.update(ratio=[lo, hi], drift=drift, windows_needed=None, within_noise=lo <= 1.0 <= hi)
         u["ratio_method"] = f"{u['ratio_method']}, widened by the drift between runs (x{drift:.2f})"
