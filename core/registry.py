@@ -90,7 +90,10 @@ def feeder_of(cfg: Any) -> dict | None:
     if getattr(cfg, "loader", None):
         return {"kind": "loader", "name": f"loader {cfg.loader}", "loader": cfg.loader, "workers": workers}
     kind = getattr(cfg, "producer_kind", "synthetic")
-    return {"kind": kind, "name": f"{kind} producers", "workers": workers}
+    name = f"{kind} producers"
+    if kind in ("decode", "dali") and getattr(cfg, "data", None):  # say that real JPEGs were decoded, and where from
+        name += f" decoding the JPEGs in {cfg.data}"
+    return {"kind": kind, "name": name, "workers": workers}
 
 
 def register(cls: type[InputPath]) -> type[InputPath]:

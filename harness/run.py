@@ -98,13 +98,13 @@ def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -
         from runner.capacity import find_capacities
 
         print(f"capacity: each path against {model_words(cfg)}; probes of a few seconds", flush=True)
-        if cfg.loader and (words := feeder_line(cfg, plugin.framework)):
+        if words := feeder_line(cfg, plugin.framework):
             print(words, flush=True)
         started = time.time()
         results, _ = find_capacities(cfg, lambda c, path: one_path(plugin, c, path), batch_given)
         return started, results
     print(plugin.header(cfg, model_words(cfg), gpus), flush=True)
-    if cfg.loader and (words := feeder_line(cfg, plugin.framework)):
+    if words := feeder_line(cfg, plugin.framework):  # who makes the batches: synthetic, decoded JPEGs, a loader
         print(words, flush=True)
     if "dali" in cfg.paths or cfg.producer_kind == "dali":
         print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
