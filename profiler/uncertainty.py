@@ -17,11 +17,10 @@ statistics give the same kind of interval with a confidence that is exact.
 The caveat both share: windows are treated as independent draws, which a
 machine whose load drifts during the run does not give.
 
-The ratio path/baseline: when the path's windows alternated with the
-baseline's in one process (the result says `"interleaved": true`) and the
-counts match, the ratios of window i to baseline window i are paired and get
-the same interval (`paired windows`): a disturbance that hits both windows of
-a pair cancels. Paths measured one after another have no such pairing (which
+The ratio path/baseline: with --interleave N (harness/interleave.py) the
+path and the baseline ran in N pairs of back-to-back runs (the result's
+`interleaved` block); the N paired ratios get the median's interval
+(`alternating runs`): a disturbance that hits both runs of a pair cancels. Paths measured one after another have no such pairing (which
 window is "i" is arbitrary, and the interval would depend on it); their
 interval is the distribution-free one for a shift between two samples
 (Moses' interval from the Mann–Whitney statistic, the one that goes with the
@@ -244,7 +243,7 @@ def too_short_words(u: dict | None) -> str | None:
     if u and u.get("within_noise") and u.get("drift"):
         return (
             f"the machine's load changed between the runs (a path ran {u['drift']:.2f}x the on-device baseline, "
-            "which is the ceiling): more windows would not tell; a quieter machine or interleaved runs would"
+            "which is the ceiling): more windows would not tell; a quieter machine or --interleave N would"
         )
     if not u or not u.get("within_noise") or not u.get("windows_needed"):
         return None

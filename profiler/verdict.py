@@ -287,7 +287,10 @@ def _trainer_limits(
                 "path (its copy to the device, the step's own host work) or in the machine's load between the "
                 "runs (paths run one after another)"
             )
-            return "unexplained", "rerun with more windows (--repeats) to confirm it; --profile shows the step's time"
+            return "unexplained", (
+                "--interleave 3 measures it against the baseline in alternating runs, so a change of load hits both; "
+                "--profile shows the step's time"
+            )
     return "trainer", advice
 
 
