@@ -73,3 +73,20 @@ def test_a_torch_capacity_run_against_emulated_h100s_matches_the_schema(tmp_path
     assert "emulated H100" in p.stdout and "capacity img/s" in p.stdout
     assert (tmp_path / "out" / "capacity.png").stat().st_size > 0
     check_report(json.loads((tmp_path / "out" / "results.json").read_text()))
+
+
+def test_interleave_measures_each_path_in_runs_alternating_with_the_baseline(tmp_path):
+    """--interleave 2: two (baseline, path) pairs of one-window runs; the ratio and its interval come from them."""
+    bench(tmp_path, "--fake-location", "zmq-consume", *SMALL, "--interleave", "2", "--json", "run.json")
+    doc = json.loads((tmp_path / "run.json").read_text())
+    check_report(doc)
+    r = doc["paths"]["zmq-consume"]
+    inter = r["interleaved"]
+    assert inter["pairs"] == 2 and len(inter["ratios"]) == 2 and len(inter["baseline_images_per_sec"]) == 2
+    assert all(p > 0 for p in inter["images_per_sec"] + inter["baseline_images_per_sec"])
+    assert inter["ratios"] == [p / b for p, b in zip(inter["images_per_sec"], inter["baseline_images_per_sec"])]
+    assert r["ratio_to_baseline"] == inter["ratio"]
+    assert r["uncertainty"]["ratio_method"] == "alternating runs (2 pairs)"
+    lo, hi = r["uncertainty"]["ratio"]
+    assert lo <= min(inter["ratios"]) + 1e-12 and max(inter["ratios"]) - 1e-12 <= hi
+    assert "interleaved" not in doc["paths"]["gpu"]
