@@ -92,6 +92,10 @@ def apply_defaults(cfg: BenchConfig, gpus: int) -> list[str]:
         defaults = {**GPU_DEFAULTS, **({} if has_gpu else EMULATED_DEFAULTS)}
         if cfg.batch is None:
             cfg.batch = emulated_batch(emu.images_per_sec)
+    elif cfg.input_only and not has_gpu:
+        # No model: steps take a millisecond or less, so the GPU schedule (20 warm-up, 7 x 100 timed) costs
+        # seconds and gives windows long enough to time; only the images and the batch shrink.
+        defaults = {**CPU_DEFAULTS, **{k: GPU_DEFAULTS[k] for k in ("warmup_steps", "steps", "repeats")}}
     for key, value in defaults.items():
         if getattr(cfg, key) is None:
             setattr(cfg, key, value)
