@@ -223,6 +223,8 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
         result["batches_pulled"] = sum(r.get("batches_pulled", 0) for r in ranks)
         result["batches_pulled_per_rank"] = [r.get("batches_pulled", 0) for r in ranks]
     result["batches_trained"] = sum(r["batches_trained"] for r in ranks)
+    if any("zero_copy" in r for r in ranks):  # zmq-consume: whether every rank's tensors were the shm slots
+        result["zero_copy"] = all(r.get("zero_copy") for r in ranks)
     if any(r.get("decoded_on") for r in ranks):  # every result says where DALI decoded
         result["decoded_on"] = [{"rank": r["rank"], "on": r.get("decoded_on")} for r in ranks]
     if cfg.telemetry:

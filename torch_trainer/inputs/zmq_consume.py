@@ -40,6 +40,7 @@ class ZmqConsume(ProducerFed):
     advice: ClassVar[str] = "the native receiver limits: check the wire format (native is one copy fewer) and --hwm"
 
     receiver = None
+    zero_copy = False  # over shm://: tensors over the producers' slots (no copy off the wire)
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
@@ -59,22 +60,32 @@ class ZmqConsume(ProducerFed):
         self.cuda = ctx.device.type == "cuda"
         b, s = cfg.batch, cfg.image_size
         specs = [("uint8", (b, s, s, 3)), ("int32", (b,))]
-        self.slots = [
-            [torch.empty(shape, dtype=getattr(torch, dt), pin_memory=self.cuda) for dt, shape in specs]
-            for _ in range(SLOTS)
-        ]
         endpoint = ctx.endpoint(cfg, self.name)
+        # Over shm:// the batch already sits in a producer's slot: tensors over it, no copy (issue: zero copies);
+        # on a GPU the slot's region is registered with CUDA so its copy to the device is a DMA read of the slot.
+        self.zero_copy = endpoint.startswith("shm://")
+        self.slots = (
+            []
+            if self.zero_copy
+            else [
+                [torch.empty(shape, dtype=getattr(torch, dt), pin_memory=self.cuda) for dt, shape in specs]
+                for _ in range(SLOTS)
+            ]
+        )
         self.receiver = rx.Receiver(
             endpoint,
             specs,
-            self.slots,
+            SLOTS if self.zero_copy else self.slots,
             hwm=cfg.hwm,
             timeout_ms=int(cfg.recv_timeout * 1000),
             max_msg_size=cfg.max_msg_size or -1,
             bind=True,
             curve_keys=cfg.curve_keys,
             allow_remote=cfg.allow_remote,
+            zero_copy=self.zero_copy,
+            on_region=rx.cuda_host_register() if self.zero_copy and self.cuda else None,
         )
+        self._arrays: list = []  # zero-copy: the batches (arrays over their slots) the step or a copy still reads
         self._timeout = rx.ReceiveTimeout
         self.stream = torch.cuda.Stream(ctx.device) if self.cuda else None
         self._copying: list[tuple[int, torch.cuda.Event]] = []  # slots whose copy to the device may be running
@@ -87,12 +98,14 @@ class ZmqConsume(ProducerFed):
         with stage("feedbench.wait"):  # for the native receive threads (C++: not in the trace)
             return self._wait_slot()
 
-    def _wait_slot(self) -> int:
+    def _wait_slot(self):
+        """A slot index, or with zero copy the batch's arrays over its slot (released when they are dropped)."""
         waited, timeout = 0.0, self.cfg.recv_timeout
+        take = self.receiver.next_arrays if self.zero_copy else self.receiver.next
         while True:
             wait = min(POLL_S, max(0.001, timeout - waited))
             try:
-                return self.receiver.next(timeout_ms=max(1, int(wait * 1000)))
+                return take(timeout_ms=max(1, int(wait * 1000)))
             except self._timeout as e:
                 waited += wait
                 self.check()
@@ -123,7 +136,27 @@ class ZmqConsume(ProducerFed):
                 keep.append((slot, ev))
         self._copying = keep
 
+    def _next_in_place(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero copy: tensors over the producer's slot; the slot goes back once nothing reads it any more."""
+        self._arrays = [(a, ev) for a, ev in self._arrays if ev is not None and not ev.query()]  # copies still reading
+        images, labels = (torch.from_numpy(a) for a in self._take())
+        if not self.cuda:
+            self._arrays.append(((images, labels), None))  # the step reads them: held until the next batch
+            return images, labels_of(labels)
+        with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
+            dev = [t.to(self.ctx.device, non_blocking=True) for t in (images, labels)]  # DMA from the registered slot
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        self._arrays.append(((images, labels), ev))
+        current = torch.cuda.current_stream(self.ctx.device)
+        current.wait_event(ev)
+        for t in dev:
+            t.record_stream(current)
+        return dev[0], labels_of(dev[1])
+
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.zero_copy:
+            return self._next_in_place()
         if not self.cuda:
             if self._held is not None:
                 self.receiver.release(self._held)
@@ -172,12 +205,17 @@ class ZmqConsume(ProducerFed):
             return {}
         rows, messages, _ = self._final
         keys = ("producer", "received", "lost", "duplicated", "restarts")
-        return {"producers": [dict(zip(keys, map(int, r), strict=True)) for r in rows], "batches_pulled": int(messages)}
+        return {
+            "producers": [dict(zip(keys, map(int, r), strict=True)) for r in rows],
+            "batches_pulled": int(messages),
+            "zero_copy": self.zero_copy,
+        }
 
     def close(self) -> None:
         if self.receiver is not None:
             if self.cuda:
                 torch.cuda.synchronize(self.ctx.device)  # no copy may still read a slot
+            self._arrays = []
             self.receiver.close()
             self.receiver = None
         self.stop_producers()
