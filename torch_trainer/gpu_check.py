@@ -27,8 +27,15 @@ import tempfile
 
 from core.cli_types import positive_int
 
-PATHS = ["gpu", "cpu", "python-queue", "python-dataset", "zmq-consume", "dali", "spdl"]
-NEEDS = {"dali": "nvidia.dali.plugin.pytorch", "spdl": "spdl.pipeline", "zmq-consume": "zmq_ops.receiver"}
+# zmq-consume over shm:// (external producers per rank): tensors over the slots, DMA from CUDA-registered regions.
+SHM = "zmq-consume-shm"
+PATHS = ["gpu", "cpu", "python-queue", "python-dataset", "zmq-consume", SHM, "dali", "spdl"]
+NEEDS = {
+    "dali": "nvidia.dali.plugin.pytorch",
+    "spdl": "spdl.pipeline",
+    "zmq-consume": "zmq_ops.receiver",
+    SHM: "zmq_ops.receiver",
+}
 
 
 def _importable(name: str) -> bool:
@@ -45,6 +52,8 @@ def run_path(path: str, args: argparse.Namespace, data: str, gpus: int) -> tuple
     from torch_trainer.launch import Nodes, launch
     from torch_trainer.run import SYNC_DEBUG_ENV
 
+    shm = path == SHM
+    path = "zmq-consume" if shm else path
     cfg = BenchConfig(
         paths=[path], num_gpus=gpus, batch=args.batch, image_size=args.image_size, warmup_steps=args.warmup_steps,
         steps=args.steps, repeats=args.repeats, producers=2 * gpus, producer_workers=2, data=data, recv_timeout=60,
@@ -54,13 +63,29 @@ def run_path(path: str, args: argparse.Namespace, data: str, gpus: int) -> tuple
     cfg.max_msg_size = receive_cap(cfg.batch, cfg.image_size)
     folder = tempfile.mkdtemp(prefix="feedbench-check-")
     os.environ[SYNC_DEBUG_ENV] = "error"  # the ranks inherit it
+    producers = []
+    if shm:  # each rank binds shm://NAME-r<rank>; one producer per rank, writing every batch anew
+        import subprocess
+
+        cfg.endpoint = f"shm://fbcheck-{os.getpid()}"
+        for r in range(gpus):
+            producers.append(subprocess.Popen([
+                sys.executable, "-m", "producers", "synthetic", "--endpoint", f"{cfg.endpoint}-r{r}", "--quiet",
+                "--batch", str(cfg.batch), "--image-size", str(cfg.image_size), "--producer-id", str(1000 * r),
+            ]))  # fmt: skip
     try:
         rc, doc, errors = launch(gpus, Nodes(), cfg.to_dict(), folder)
     finally:
+        for q in producers:
+            q.terminate()
+            q.wait(30)
         shutil.rmtree(folder, ignore_errors=True)
     if rc != 0:
         return None, errors[0] if errors else f"torchrun exited with code {rc}"
-    return doc["paths"][path], None
+    result = doc["paths"][path]
+    if shm and not result.get("zero_copy"):
+        return None, "zmq-consume over shm:// copied its batches (zero_copy false)"
+    return result, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([
                 path, f"{rate:.1f}", f"{rate / base:.2f}" if base else "n/a",
                 "n/a" if share is None else f"{100 * share:.0f}%",
-                "ok" + (f" (decoded on {r['decoded_on'][0]['on']})" if r.get("decoded_on") else ""),
+                "ok" + (f" (decoded on {r['decoded_on'][0]['on']})" if r.get("decoded_on") else "")
+                + (" (zero copy: tensors over the slots, DMA from registered regions)" if r.get("zero_copy") else ""),
             ])  # fmt: skip
     finally:
         shutil.rmtree(data, ignore_errors=True)
