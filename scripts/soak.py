@@ -9,6 +9,7 @@ must not grow: the script exits 1 when either grows by more than --limit.
 
     python scripts/soak.py --duration 600      # the long run
     python scripts/soak.py --duration 30       # what CI runs
+    python scripts/soak.py --transport shm --stage 4 --duration 600   # zero-copy slots held by staging
 """
 
 from __future__ import annotations
@@ -61,24 +62,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--producers", type=int, default=2)
     ap.add_argument("--limit", type=float, default=0.05, help="allowed RSS growth (fraction)")
+    ap.add_argument(
+        "--transport", choices=("ipc", "shm"), default="ipc",
+        help="shm: the op's tensors are the producers' slots (zero copy), so held tensors hold slots",
+    )  # fmt: skip
+    ap.add_argument(
+        "--stage", type=int, default=0, metavar="N",
+        help="keep the last N batches in a StagingArea, as the trainer's staging does (0: none)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     import zmq_ops
 
     with tempfile.TemporaryDirectory(prefix="feedbench-soak-") as tmp:
-        endpoint = f"ipc://{tmp}/soak"
+        endpoint = f"ipc://{tmp}/soak" if args.transport == "ipc" else f"shm://soak-{Path(tmp).name}"
         sock = zmq_ops.ZMQPullSocket(
             endpoint, [tf.uint8, tf.int32], hwm=4, bind=True, timeout_ms=30_000,
             max_msg_size=receive_cap(args.batch, args.image_size),
         )  # fmt: skip
         images, labels = sock.pull()
+        fill = None
+        if args.stage:  # batches wait in staging, as on a tower: over shm:// each holds its slot meanwhile
+            from tensorflow.python.ops import data_flow_ops
+
+            staging = data_flow_ops.StagingArea([tf.uint8, tf.int32], capacity=args.stage)
+            fill = staging.put([images, labels])
+            images, labels = staging.get()
+            with tf.control_dependencies([images, labels]):
+                refill = staging.put(sock.pull())
         touched = tf.reduce_sum(tf.cast(images, tf.int32)) + tf.reduce_sum(labels)
+        if fill is not None:
+            touched = tf.group(touched, refill)
         cmds = [
             producer_command("synthetic", endpoint, 1000 * i, args.batch, args.image_size, "native", 1, 4)
             for i in range(args.producers)
         ]
         me = psutil.Process()
         with tf.compat.v1.Session() as sess, ProducerGroup(cmds, endpoint) as group:
+            for _ in range(args.stage):
+                sess.run(fill)
             # Warm-up lasts --warmup seconds and until the trainer's RSS has settled (within 1% for 2 s; at most
             # a minute): a loaded machine takes longer to reach its allocators' steady state, which is not a leak.
             t_warm = time.monotonic()
@@ -108,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             group.check()
     ok = True
     print(
-        f"\nsoak: {args.producers} producers -> zmq_ops op, {args.batch}x{args.image_size}x{args.image_size}x3 uint8, {elapsed:.0f} s"
+        f"\nsoak: {args.producers} producers -> zmq_ops op over {args.transport}"
+        f"{' (zero copy: ' + str(sock.zero_copy) + ')' if args.transport == 'shm' else ''}"
+        f"{f', {args.stage} batches held in staging' if args.stage else ''}, "
+        f"{args.batch}x{args.image_size}x{args.image_size}x3 uint8, {elapsed:.0f} s"
     )
     print(
         f"  {(n - n0) / elapsed * args.batch:.0f} images/s, {(n - n0) * args.batch * args.image_size**2 * 3 / elapsed / 1e9:.2f} GB/s"
