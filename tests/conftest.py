@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +141,12 @@ class ShmLeaks:
         regions, sockets = self.left()
         assert regions == set(), f"shared-memory regions left behind: {sorted(regions)}"
         assert sockets == set(), f"socket files left behind: {sorted(sockets)}"
+
+
+@pytest.fixture
+def ep() -> Iterator[str]:
+    """A fresh shm:// endpoint; the test fails if it leaves a region or a socket file behind."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    leaks = ShmLeaks(name)
+    yield f"shm://{name}"
+    leaks.assert_none_left()

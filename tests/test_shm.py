@@ -18,7 +18,6 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -56,15 +55,6 @@ def handover_sockets() -> set[str]:
     prefix = f"@feedbench-{os.getuid()}/"
     lines = Path("/proc/net/unix").read_text().splitlines()[1:]
     return {ln.split()[-1][len(prefix) :] for ln in lines if ln.split()[-1].startswith(prefix) and ln.endswith(".fd")}
-
-
-@pytest.fixture
-def ep() -> Iterator[str]:
-    """A fresh shm:// endpoint; the test fails if it leaves a region or a socket file behind."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    leaks = ShmLeaks(name)
-    yield f"shm://{name}"
-    leaks.assert_none_left()
 
 
 def ring(n: int = 3) -> list[list[np.ndarray]]:
@@ -677,13 +667,10 @@ def test_a_long_running_consumer_unmaps_the_regions_of_producers_that_are_gone(p
         consumer.close()
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig) -> None:
-    """`--transport shm`: killed or stopped mid-run, nothing of the run is left (as over ipc)."""
-    tmp = Path(ipc_dir)
+def start_endless_shm_run(procs, tmp: Path, path: str):
+    """A `--transport shm` run that trains until stopped: (its process, its run folder, its bound socket names)."""
     p = procs.start(
-        "bench_input.py", "--transport", "shm", "--fake-location", "python-queue", "--input-only", "--num-gpus", "1",
+        "bench_input.py", "--transport", "shm", "--fake-location", path, "--input-only", "--num-gpus", "1",
         "--batch", "2", "--image-size", "4", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
         env={**os.environ, "TMPDIR": str(tmp)},
     )  # fmt: skip
@@ -693,6 +680,14 @@ def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig)
     (run_dir,) = tmp.glob("feedbench-*")
     ours = [s for s in sockets() if s.startswith(f"{run_dir.name}-")]
     assert ours, "the run bound no shm:// endpoint"
+    return p, run_dir, ours
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig) -> None:
+    """`--transport shm`: killed or stopped mid-run, nothing of the run is left (as over ipc)."""
+    p, run_dir, ours = start_endless_shm_run(procs, Path(ipc_dir), "python-queue")
     family = [psutil.Process(p.pid), *descendants(p.pid)]
     os.kill(p.pid, sig)
     assert p.wait(60) == (128 + sig if sig != signal.SIGKILL else -sig)
@@ -708,19 +703,8 @@ def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig)
 @pytest.mark.timeout(300)
 def test_a_whole_shm_run_killed_by_sigkill_leaves_nothing_in_dev_shm_or_the_socket_folder(procs, ipc_dir) -> None:
     """`--transport shm`, the trainer and every producer process SIGKILLed at once, regions mapped and in use."""
-    tmp = Path(ipc_dir)
     shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(shm.private_dir()))
-    p = procs.start(
-        "bench_input.py", "--transport", "shm", "--fake-location", "zmq-consume", "--input-only", "--num-gpus", "1",
-        "--batch", "2", "--image-size", "4", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
-        env={**os.environ, "TMPDIR": str(tmp)},
-    )  # fmt: skip
-    deadline = time.monotonic() + 240
-    while not list(tmp.glob("feedbench-*/producer-*.json")) and p.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    (run_dir,) = tmp.glob("feedbench-*")
-    ours = [s for s in sockets() if s.startswith(f"{run_dir.name}-")]
-    assert ours, "the run bound no shm:// endpoint"
+    p, _, ours = start_endless_shm_run(procs, Path(ipc_dir), "zmq-consume")
     family = [psutil.Process(p.pid), *descendants(p.pid)]
     assert any(shm.regions_held_by(q.pid) for q in family), "no process holds a region"
     for q in family:

@@ -8,12 +8,9 @@ batch read from the wrong slot, shows as wrong bytes.
 from __future__ import annotations
 
 import re
-import uuid
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import ShmLeaks
 
 from zmq_ops.receiver import BatchError, Receiver, ReceiveTimeout
 
@@ -37,14 +34,6 @@ def source(worker):
 cfg = sender.SendConfig(endpoint=ep, count=count, producer_id=pid, hwm=4, shm_slots=slots or None)
 sys.exit(sender.run(source, 0, cfg))
 """
-
-
-@pytest.fixture
-def ep() -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    leaks = ShmLeaks(name)
-    yield f"shm://{name}"
-    leaks.assert_none_left()
 
 
 def tagged(procs, ep: str, pid: int, count: int, slots: int = 0):
