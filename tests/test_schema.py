@@ -59,6 +59,7 @@ def test_a_sweep_matches_the_schema(tmp_path):
                                                               ("zmq-consume", 4)]  # fmt: skip
 
 
+@pytest.mark.timeout(900)  # a torchrun launch per probe: minutes on one core
 def test_a_torch_capacity_run_against_emulated_h100s_matches_the_schema(tmp_path):
     """--framework torch --find-capacity --emulate H100, end to end: each path's capacity, labelled as emulated."""
     p = bench(tmp_path, "--framework", "torch", "--find-capacity", "--emulate", "H100", "--fake-location",
