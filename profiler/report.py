@@ -99,7 +99,7 @@ def cpu_caveat(results: dict[str, dict], has_gpu: bool, model: str) -> str | Non
     shared machine the ratios are noise. Said only when there is no GPU, the model is ResNet-50 and the
     ratios are within noise (or the run had too few windows to judge), so a clear finding is never hidden.
     """
-    if has_gpu or model not in ("resnet50", "ResNet-50"):
+    if has_gpu or model != "resnet50":
         return None
     others = {p: r for p, r in results.items() if p != BASELINE}
     if not others:

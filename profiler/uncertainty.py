@@ -192,12 +192,12 @@ def uncertainty(result: dict, baseline: dict | None, is_baseline: bool = False) 
         return out
     bw = _windows(baseline)
     alternated = result.get("interleaved")
-    if isinstance(alternated, dict):  # --interleave: pairs of runs, back to back (harness/interleave.py)
+    if alternated:  # --interleave: pairs of runs back to back (harness/interleave.py); their ratios are paired
         w, bw = alternated["images_per_sec"], alternated["baseline_images_per_sec"]
         rlo, rhi, rconf, _ = ratio_interval(w, bw, paired=True)
         how = f"alternating runs ({alternated['pairs']} pairs)"
     else:
-        rlo, rhi, rconf, how = ratio_interval(w, bw, paired=bool(alternated))
+        rlo, rhi, rconf, how = ratio_interval(w, bw)
     out.update(ratio=[rlo, rhi], ratio_method=how, ratio_confidence=rconf)
     if len(w) < 2 or len(bw) < 2:  # no spread: no interval to speak of
         out.update(ratio=None, ratio_method=None, ratio_confidence=None, reading=ONE_WINDOW)

@@ -97,8 +97,9 @@ def test_interleaved_windows_are_paired_so_a_shared_disturbance_cancels():
     assert how == "paired windows" and lo == pytest.approx(0.9) and hi == pytest.approx(0.9)
     lo, hi, _, how = ratio_interval(path, base)
     assert how == "pairwise ratios" and lo < 0.5 and hi > 1.7
-    u = uncertainty(result(path, interleaved=True), result(base))
-    assert u["ratio_method"] == "paired windows" and u["within_noise"] is False
+    pairs = {"pairs": 5, "images_per_sec": path, "baseline_images_per_sec": base}  # harness/interleave.py's block
+    u = uncertainty(result(path, interleaved=pairs), result(base))
+    assert u["ratio_method"] == "alternating runs (5 pairs)" and u["within_noise"] is False
 
 
 def test_windows_needed_grows_with_the_spread_and_shrinks_with_the_difference():
