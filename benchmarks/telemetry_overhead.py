@@ -3,7 +3,7 @@
 Runs the `gpu` baseline with telemetry on and with --no-telemetry, alternating
 so that both see the same machine load, and prints each run's median images/s
 and the difference of the medians. Telemetry traces and samples only untimed
-steps between the windows (tf_trainer/schedule.py), so the two should agree
+steps between the windows (harness/schedule.py), so the two should agree
 to within the noise.
 """
 

@@ -14,9 +14,9 @@ import time
 import numpy as np
 from tensorpack.callbacks import Callback
 
+from harness.schedule import Schedule
 from profiler.progress import RunProgress
 from profiler.summary import Summary
-from tf_trainer.schedule import Schedule
 from tf_trainer.tf_env import tf
 
 tf = tf()
@@ -48,7 +48,7 @@ class StepTimer(Callback):
 def summarize(timer: StepTimer, schedule: Schedule, images_per_step: int, towers: int) -> dict:
     """Figures for one path from its timed windows: images/s (total and per device), step-time percentiles.
 
-    Only the windows' steps count (see tf_trainer/schedule.py); the untimed
+    Only the windows' steps count (see harness/schedule.py); the untimed
     telemetry and profiler steps between and after them do not.
     """
     needed = schedule.total

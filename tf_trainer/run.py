@@ -25,6 +25,7 @@ from consumers.expect import receive_cap
 from core import registry
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
+from harness.schedule import PROFILED_STEPS, Schedule
 from profiler.progress import RunProgress
 from profiler.telemetry import add_common_fields
 from runner import shutdown
@@ -34,7 +35,6 @@ from tf_trainer.expected import batch_error
 from tf_trainer.inputs.base import TFInputPath
 from tf_trainer.measure import COST_COLLECTION, Progress, StepTimer, summarize
 from tf_trainer.models.input_only import InputOnlyModel
-from tf_trainer.schedule import PROFILED_STEPS, Schedule
 from tf_trainer.telemetry import CpuUse, Telemetry
 from tf_trainer.tf_env import tf
 from tf_trainer.tracing import ProfileSteps

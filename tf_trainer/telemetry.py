@@ -2,7 +2,7 @@
 
 Nothing here runs inside a timed window: after each window the run takes a
 few untimed telemetry steps (as many as tracing every `sample_every`-th
-timed step would give; tf_trainer/schedule.py), and those are the steps this
+timed step would give; harness/schedule.py), and those are the steps this
 samples and traces. Input wait is measured from TensorFlow's own op timings:
 a telemetry step runs with
 `RunOptions(trace_level=FULL_TRACE)` and the step's `RunMetadata.step_stats`
@@ -27,8 +27,8 @@ from collections import deque
 
 from tensorpack.callbacks import Callback
 
+from harness.schedule import Schedule
 from profiler.telemetry import exposed_input_us, input_wait_figures, wire_figures
-from tf_trainer.schedule import Schedule
 from tf_trainer.tf_env import tf
 
 tf = tf()

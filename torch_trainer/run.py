@@ -202,21 +202,16 @@ def detail(e: BaseException, name: str) -> str:
 def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
     """Rank 0: the path's result in the shared schema, from every rank's figures."""
     from core import registry
+    from harness.schedule import Schedule
     from profiler.telemetry import add_common_fields, merge_rank_stages
     from torch_trainer.measure import combine
     from torch_trainer.tracing import PROFILED_STEPS
 
     result = combine(ranks, cfg.batch, cfg.steps)
     result["amp"] = ranks[0]["amp"]
-    result["schedule"] = {  # which steps were timed: the TensorFlow trainer's block, without telemetry steps
-        "warmup": cfg.warmup_steps,
-        "timed_windows": cfg.repeats,
-        "timed_steps_per_window": cfg.steps,
-        "telemetry_steps_per_window": 0,  # every timed step is sampled (two clock reads, or CUDA events)
-        "settle_steps_per_window": 0,
-        "profile_steps": PROFILED_STEPS if cfg.profile_dir else 0,  # after the last window (tracing.py)
-        "untimed_steps": PROFILED_STEPS if cfg.profile_dir else 0,
-    }
+    # Which steps were timed: warm-up, then the windows; --profile's steps come after the last one.
+    profiled = PROFILED_STEPS if cfg.profile_dir else 0
+    result["schedule"] = Schedule(cfg.warmup_steps, cfg.steps, cfg.repeats, profiled=profiled).to_dict()
     if any("producers" in r for r in ranks):
         result["producers"] = [{"rank": r["rank"], **row} for r in ranks for row in r.get("producers", [])]
     if any("batches_pulled" in r for r in ranks):

@@ -1,5 +1,8 @@
 """Which steps of a run are timed, and where the measuring that would disturb them runs instead.
 
+The same schedule for both trainers (the TensorFlow one samples telemetry in untimed steps; the
+PyTorch one samples every timed step with two clock reads or CUDA events, so it has none).
+
 Tracing a step (telemetry's input wait, --profile) slows it, and fetching
 queue sizes adds ops to it. So none of that runs inside a timed window: a
 run is the warm-up, then `repeats` times a window of `steps` timed steps
@@ -14,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 SETTLE_STEPS = 2
-PROFILED_STEPS = 3  # --profile: steps under the TensorFlow profiler, then one step traced into a timeline
+PROFILED_STEPS = 3  # TensorFlow --profile: steps under its profiler, then one step traced into a timeline
 
 
 @dataclass(frozen=True)
