@@ -45,11 +45,11 @@ def run_document(plugin: Trainer, cfg: BenchConfig, results: dict[str, dict], st
     }
 
 
-def sweep_document(
-    plugin: Trainer, grid: dict, runs: list[dict], started: float, model: str, image_size: int | None = None
-) -> dict[str, Any]:
+def sweep_document(plugin: Trainer, grid: dict, runs: list[dict], started: float, model: str) -> dict[str, Any]:
     """A sweep's document: the grid, and per point its configuration and paths, with flat rows."""
-    size = runs[0]["config"]["image_size"] if image_size is None else image_size
+    from profiler.sweep import rows_of
+
+    size = runs[0]["config"]["image_size"]
     return {
         "framework": plugin.framework,
         "trainer": plugin.words,
@@ -57,23 +57,9 @@ def sweep_document(
         "device": plugin.describe(),
         "started": started,
         "title": f"{plugin.words}, {model}, {size}px",
-        "rows": rows(runs),
+        "rows": rows_of(runs),
         "runs": runs,
     }
-
-
-def rows(runs: list[dict]) -> list[dict]:
-    """Flat rows, one per (grid point, path): results.csv and the plot."""
-    from profiler.sweep import rows_of
-
-    return rows_of(runs)
-
-
-def write_json(path: str, doc: dict) -> None:
-    """--json: the run's document, written atomically (OutputError on a full disk)."""
-    from profiler.report import write_json as write
-
-    write(path, doc)
 
 
 def write_out(out: str, framework: str, doc: dict, cfg: BenchConfig | None) -> list[str]:

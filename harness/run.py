@@ -158,6 +158,7 @@ def report(
     from harness import document
     from profiler import report as tables
     from profiler.cluster_report import rank_lines
+    from profiler.sweep import rows_of
     from profiler.verdict import verdicts_text
 
     tables.add_ratios(results, steps_per_window=cfg.steps)
@@ -183,11 +184,11 @@ def report(
     doc = document.run_document(plugin, cfg, results, started)
     if out:
         files = document.write_out(
-            out, plugin.framework, {**doc, "rows": document.rows([{"config": doc["config"], "paths": results}])}, cfg
+            out, plugin.framework, {**doc, "rows": rows_of([{"config": doc["config"], "paths": results}])}, cfg
         )
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     if cfg.json_path:
-        document.write_json(cfg.json_path, doc)
+        tables.write_json(cfg.json_path, doc)
         print(f"\nwrote {cfg.json_path}")
 
 

@@ -89,8 +89,9 @@ def run_task(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool, trainer=None) -
     print(cluster_report.table(result))
     print("\n".join(cluster_report.summary_lines(result)))
     if cfg.json_path:
-        from harness import document
+        from harness.document import run_document
+        from profiler.report import write_json
 
-        document.write_json(cfg.json_path, document.run_document(trainer, cfg, {path: result}, started))
+        write_json(cfg.json_path, run_document(trainer, cfg, {path: result}, started))
         print(f"\nwrote {cfg.json_path}")
     return 0
