@@ -285,22 +285,18 @@ def test_sigkill_of_every_process_leaves_nothing_in_dev_shm_or_the_socket_folder
 @pytest.mark.timeout(60)
 def test_a_region_from_another_process_or_never_handed_over_is_refused(ep) -> None:
     """A slot message can only name a region its own producer handed over on the consumer's socket."""
-    with PullConsumer(ep, recv_timeout=30) as c:
-        s = Sender(ep)
+    with PullConsumer(ep, recv_timeout=30) as c, Sender(ep) as s:
+        s.send(s.frames(0))
+        c.recv()
+        stranger = shm.Region(4, s.region.slot_size)  # a real region, never handed over
         try:
-            s.send(s.frames(0))
-            c.recv()
-            stranger = shm.Region(4, s.region.slot_size)  # a real region, never handed over
-            try:
-                offsets = stranger.write(0, s.arrays)
-                stranger.publish(0)
-                s.send(shm.encode(s.arrays, 0, 9, stranger.name, 0, offsets))
-                with pytest.raises(WireError, match=r"slot\.region: .* was never handed over"):
-                    c.recv()
-            finally:
-                stranger.close()
+            offsets = stranger.write(0, s.arrays)
+            stranger.publish(0)
+            s.send(shm.encode(s.arrays, 0, 9, stranger.name, 0, offsets))
+            with pytest.raises(WireError, match=r"slot\.region: .* was never handed over"):
+                c.recv()
         finally:
-            s.close()
+            stranger.close()
 
 
 # ---------------------------------------------------------------- malformed slot messages
@@ -332,6 +328,12 @@ class Sender:
         self.ctx.term()
         self.region.close()
 
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def desc(region: str, slot: int, offsets: list[int], magic: bytes = b"FBSL") -> bytes:
     name = region.encode()
@@ -357,40 +359,32 @@ CASES = [
 @pytest.mark.timeout(120)
 def test_malformed_slot_messages_are_rejected_by_field_in_the_receiver(ep) -> None:
     slots = ring(2)
-    with Receiver(ep, SPECS, slots, timeout_ms=TIMEOUT_MS) as r:
-        s = Sender(ep)
-        try:
-            s.send(s.frames(0))  # a good one first: the region is now mapped
-            r.release(r.next())
-            for field, make in CASES:
-                header = s.frames(0)[0]
-                s.region._state[0] = shm.FREE  # crafted messages below never claim slot 0
-                s.send(make(s, header))
-                with pytest.raises(BatchError, match=re.escape(field) + ":"):
-                    r.next()
-            s.send(s.frames(1))
-            i = r.next()
-            np.testing.assert_array_equal(slots[i][0], s.arrays[0])
-            r.release(i)
-        finally:
-            s.close()
+    with Receiver(ep, SPECS, slots, timeout_ms=TIMEOUT_MS) as r, Sender(ep) as s:
+        s.send(s.frames(0))  # a good one first: the region is now mapped
+        r.release(r.next())
+        for field, make in CASES:
+            header = s.frames(0)[0]
+            s.region._state[0] = shm.FREE  # crafted messages below never claim slot 0
+            s.send(make(s, header))
+            with pytest.raises(BatchError, match=re.escape(field) + ":"):
+                r.next()
+        s.send(s.frames(1))
+        i = r.next()
+        np.testing.assert_array_equal(slots[i][0], s.arrays[0])
+        r.release(i)
 
 
 @pytest.mark.timeout(120)
 def test_malformed_slot_messages_are_rejected_by_field_in_python(ep) -> None:
-    with PullConsumer(ep, recv_timeout=30) as c:
-        s = Sender(ep)
-        try:
-            s.send(s.frames(0))
-            c.recv()
-            for field, make in CASES:
-                header = s.frames(0)[0]
-                s.region._state[0] = shm.FREE
-                s.send(make(s, header))
-                with pytest.raises(WireError, match=re.escape(field) + ":"):
-                    c.recv()
-        finally:
-            s.close()
+    with PullConsumer(ep, recv_timeout=30) as c, Sender(ep) as s:
+        s.send(s.frames(0))
+        c.recv()
+        for field, make in CASES:
+            header = s.frames(0)[0]
+            s.region._state[0] = shm.FREE
+            s.send(make(s, header))
+            with pytest.raises(WireError, match=re.escape(field) + ":"):
+                c.recv()
 
 
 @pytest.mark.timeout(300)
@@ -399,36 +393,32 @@ def test_fuzzed_slot_messages_never_crash_or_read_outside_the_region(ep) -> None
     rng = random.Random(16)
     slots = ring(2)
     accepted = rejected = 0
-    with Receiver(ep, SPECS, slots, timeout_ms=TIMEOUT_MS) as r:
-        s = Sender(ep)
-        try:
-            for _ in range(1500):
-                frames = [bytearray(f) for f in s.frames(rng.randrange(4))]
-                for _ in range(rng.randint(1, 4)):
-                    f = frames[rng.randrange(len(frames))]
-                    op = rng.random()
-                    if op < 0.5 and f:
-                        f[rng.randrange(len(f))] = rng.randrange(256)
-                    elif op < 0.7 and f:
-                        del f[rng.randrange(len(f)) :]
-                    elif op < 0.85:
-                        at = rng.randrange(len(f) + 1)
-                        f[at:at] = rng.randbytes(rng.randint(1, 16))
-                    elif len(f) >= 8:
-                        at = rng.randrange(len(f) - 7)
-                        f[at : at + 8] = struct.pack("<Q", rng.choice([0, 2**63, 2**64 - 1, 4096, rng.getrandbits(64)]))
-                s.send([bytes(f) for f in frames])
-                try:
-                    i = r.next()
-                    accepted += 1
-                    r.release(i)
-                except BatchError as e:
-                    rejected += 1
-                    assert re.search(r"(\w+(\[\d+\])?(\.\w+)*(\[\d+\])?): ", str(e)), str(e)
-                for k in range(4):  # whatever happened, give every slot back to the in-test producer
-                    s.region._state[k] = shm.FREE
-        finally:
-            s.close()
+    with Receiver(ep, SPECS, slots, timeout_ms=TIMEOUT_MS) as r, Sender(ep) as s:
+        for _ in range(1500):
+            frames = [bytearray(f) for f in s.frames(rng.randrange(4))]
+            for _ in range(rng.randint(1, 4)):
+                f = frames[rng.randrange(len(frames))]
+                op = rng.random()
+                if op < 0.5 and f:
+                    f[rng.randrange(len(f))] = rng.randrange(256)
+                elif op < 0.7 and f:
+                    del f[rng.randrange(len(f)) :]
+                elif op < 0.85:
+                    at = rng.randrange(len(f) + 1)
+                    f[at:at] = rng.randbytes(rng.randint(1, 16))
+                elif len(f) >= 8:
+                    at = rng.randrange(len(f) - 7)
+                    f[at : at + 8] = struct.pack("<Q", rng.choice([0, 2**63, 2**64 - 1, 4096, rng.getrandbits(64)]))
+            s.send([bytes(f) for f in frames])
+            try:
+                i = r.next()
+                accepted += 1
+                r.release(i)
+            except BatchError as e:
+                rejected += 1
+                assert re.search(r"(\w+(\[\d+\])?(\.\w+)*(\[\d+\])?): ", str(e)), str(e)
+            for k in range(4):  # whatever happened, give every slot back to the in-test producer
+                s.region._state[k] = shm.FREE
     assert accepted + rejected == 1500 and rejected > 1000
 
 
