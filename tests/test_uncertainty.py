@@ -151,13 +151,18 @@ def test_a_path_within_noise_gets_no_limit_and_no_advice():
     assert rs["zmq-consume"]["verdict"]["level"] == "moderately input-bound"
 
 
-def test_slower_steps_with_an_idle_input_are_called_unexplained_not_cpu_contention():
-    base = result([100.0, 101.0, 99.0, 100.5, 100.2])
+def slower_with_idle_input(path: str, windows: list[float]) -> tuple[dict, dict]:
+    """(the path's result, its input's CPU block): clearly slower than a steady baseline, never waiting,
+    its input using no cores; ratios and intervals added."""
     cpu = {"input": {"total": {"cores": 0.0}, "producers": {"cores": 0.0}, "receive": {"cores": 0.0}}}
-    slow = result([50.0, 51.0, 49.0, 50.5, 50.2], telemetry={"input_wait_share": 0.0, "cpu": cpu},
-                  input=registry.get("tf", "zmq-consume")(None).describe())  # fmt: skip
-    rs = {"gpu": base, "zmq-consume": slow}
-    add_ratios(rs)
+    slow = result(windows, telemetry={"input_wait_share": 0.0, "cpu": cpu},
+                  input=registry.get("tf", path)(None).describe())  # fmt: skip
+    add_ratios({"gpu": result([100.0, 101.0, 99.0, 100.5, 100.2]), path: slow})
+    return slow, cpu
+
+
+def test_slower_steps_with_an_idle_input_are_called_unexplained_not_cpu_contention():
+    slow, cpu = slower_with_idle_input("zmq-consume", [50.0, 51.0, 49.0, 50.5, 50.2])
     v = verdict("zmq-consume", slow, 100.0, framework="torch")
     assert v["limiting_stage"] == "unexplained", v
     assert "not explained by the input's figures" in v["evidence"] and "competes" not in v["evidence"]
@@ -169,12 +174,7 @@ def test_slower_steps_with_an_idle_input_are_called_unexplained_not_cpu_contenti
 
 
 def test_the_cpu_path_is_not_said_to_compete_while_its_input_used_no_cores():
-    base = result([100.0, 101.0, 99.0, 100.5, 100.2])
-    cpu = {"input": {"total": {"cores": 0.0}, "producers": {"cores": 0.0}, "receive": {"cores": 0.0}}}
-    slow = result([60.0, 61.0, 59.0, 60.5, 60.2], telemetry={"input_wait_share": 0.0, "cpu": cpu},
-                  input=registry.get("tf", "cpu")(None).describe())  # fmt: skip
-    rs = {"gpu": base, "cpu": slow}
-    add_ratios(rs)
+    slow, _ = slower_with_idle_input("cpu", [60.0, 61.0, 59.0, 60.5, 60.2])
     v = verdict("cpu", slow, 100.0)
     assert "competes" not in v["evidence"] and "trainer's own threads" in v["evidence"]
 
