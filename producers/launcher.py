@@ -30,7 +30,6 @@ from producers import parent, sender
 from producers.sender import Counters, SendConfig, Source
 from wire.curve import CurveError
 from wire.endpoints import EndpointError
-from wire.shm import regions_of
 
 
 def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: Connection, producer: int) -> None:
@@ -126,17 +125,17 @@ def launch(
             readers.append(reader)
         return _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupted, stats_file)
     finally:
-        stop_workers(procs, readers, stop, after_each=_unlink_regions)
+        stop_workers(procs, readers, stop)
         for s, h in old.items():
             signal.signal(s, h)
         # Only when the run that started us died:
-        parent.clean_run_dir(own=[stats_file] if stats_file else [], endpoint=cfg.endpoint)
+        parent.clean_run_dir(own=[stats_file] if stats_file else [])
 
 
-def stop_workers(procs: list, readers: list[Connection], stop, after_each=None) -> None:
+def stop_workers(procs: list, readers: list[Connection], stop) -> None:
     """Ask every worker to stop (`stop.value = 1`), give each 5 s, kill what is left, close the status pipes.
 
-    `after_each(process)` runs for every worker once it is gone (a producer's leftover regions).
+    A killed worker leaves no region behind: regions are anonymous (wire/shm.py) and go with their last holder.
     """
     stop.value = 1
     for p in procs:
@@ -145,15 +144,8 @@ def stop_workers(procs: list, readers: list[Connection], stop, after_each=None) 
         if p.is_alive():
             p.kill()
             p.join()
-        if after_each is not None:
-            after_each(p)
     for r in readers:
         r.close()
-
-
-def _unlink_regions(p) -> None:
-    for region in regions_of(p.pid):  # a worker killed before its consumer mapped its region
-        region.unlink(missing_ok=True)
 
 
 def rates(now: dict[str, float], before: dict[str, float], dt: float) -> dict[str, float]:
@@ -205,8 +197,6 @@ def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupte
             if worker in reported:
                 continue
             reported.add(worker)
-            for region in regions_of(p.pid):  # no consumer will read it now
-                region.unlink(missing_ok=True)
             if p.exitcode < 0:
                 sig = -p.exitcode
                 name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"

@@ -18,8 +18,6 @@ import os
 import signal
 import stat
 
-from wire import endpoints, shm
-
 PARENT_ENV = "FEEDBENCH_PARENT_PID"
 RUN_DIR_ENV = "FEEDBENCH_RUN_DIR"
 _PR_SET_PDEATHSIG = 1
@@ -60,17 +58,14 @@ def gone() -> bool:
     return _expected is not None and os.getppid() != _expected
 
 
-def clean_run_dir(own: list[str] = (), endpoint: str | None = None) -> None:
+def clean_run_dir(own: list[str] = ()) -> None:
     """Remove the dead run's socket files, this producer's `own` files, then the folder if empty; nothing else.
 
     Every producer does this; whichever removes the last of its files also removes the folder.
-    A run's own shm:// `endpoint` (named after its folder) has its socket file elsewhere
-    (wire/shm.py); it is removed too, once nobody serves it.
+    (A run's shm:// endpoint leaves nothing to remove: its sockets are abstract and its regions anonymous.)
     """
     if not _run_dir or not gone():
         return
-    if endpoint and shm.is_shm(endpoint):
-        _remove_run_shm_socket(endpoint)
     for path in own:
         try:
             os.unlink(path)
@@ -90,21 +85,6 @@ def clean_run_dir(own: list[str] = (), endpoint: str | None = None) -> None:
     try:
         os.rmdir(_run_dir)
     except OSError:  # not empty, or another producer was quicker
-        pass
-
-
-def _remove_run_shm_socket(endpoint: str) -> None:
-    try:
-        name = shm.check_name(endpoint)
-        path = shm.private_dir() / f"{name}.sock"
-    except shm.ShmError:
-        return
-    if not name.startswith(os.path.basename(_run_dir) + "-"):
-        return  # not the run's own endpoint: not ours to touch
-    try:
-        if stat.S_ISSOCK(os.lstat(path).st_mode) and not endpoints.ipc_served(str(path)):
-            os.unlink(path)
-    except (OSError, endpoints.EndpointError):
         pass
 
 

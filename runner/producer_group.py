@@ -30,7 +30,6 @@ from core.errors import ConfigError, InputError
 from producers import commands
 from producers.parent import PARENT_ENV, RUN_DIR_ENV
 from runner import shutdown
-from wire import shm
 from wire.endpoints import IPC_PATH_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,14 +51,10 @@ class RunDir:
             base = "/tmp"
         self.name = os.path.join(base, f"feedbench-{secrets.token_hex(4)}")
         self.made = False
-        self.shm_endpoints: list[str] = []  # their socket files live outside the folder (wire/shm.py)
 
     def endpoint(self, name: str) -> str:
-        if self.transport == "shm":  # slots in shared memory; the slot messages' socket is wire/shm.py's
-            endpoint = f"shm://{os.path.basename(self.name)}-{name}"
-            if endpoint not in self.shm_endpoints:
-                self.shm_endpoints.append(endpoint)
-            return endpoint
+        if self.transport == "shm":  # slots in shared memory; their sockets are abstract (no file: wire/shm.py)
+            return f"shm://{os.path.basename(self.name)}-{name}"
         return f"ipc://{self.name}/{name}"
 
     def make(self) -> None:
@@ -74,8 +69,6 @@ class RunDir:
             import shutil
 
             shutil.rmtree(self.name, ignore_errors=True)
-            for endpoint in self.shm_endpoints:  # named after this run: nobody else's
-                shm.remove_socket(endpoint)
             self.made = False
 
 

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from consumers.zmq_pull import PullConsumer
-from wire import shm
 from zmq_ops.receiver import Receiver
 
 BATCH, SIZE = 2, 4
@@ -43,18 +42,15 @@ def test_producers_started_two_minutes_before_their_consumers_feed_them(procs, i
     assert seen == {0, 1}
 
     ring = [[np.zeros(s, d) for d, s in SPECS] for _ in range(3)]
-    try:
-        with Receiver(shm_ep, SPECS, ring, timeout_ms=60_000) as r:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                slot = r.next()
-                assert ring[slot][0].shape == (BATCH, SIZE, SIZE, 3)
-                r.release(slot)
-                if {row[0] for row in r.producers()} == {0, 1}:
-                    break
-            assert {row[0] for row in r.producers()} == {0, 1}
-    finally:
-        shm.remove_socket(shm_ep)
+    with Receiver(shm_ep, SPECS, ring, timeout_ms=60_000) as r:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            slot = r.next()
+            assert ring[slot][0].shape == (BATCH, SIZE, SIZE, 3)
+            r.release(slot)
+            if {row[0] for row in r.producers()} == {0, 1}:
+                break
+        assert {row[0] for row in r.producers()} == {0, 1}
 
     # Their consumers are gone: now the give-up timer runs, and both stop by themselves.
     for p in (by_ipc, by_shm):

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from wire import shm
 from wire.endpoints import free_tcp_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,8 +51,6 @@ def test_one_producer_feeds_a_default_run_of_every_path(procs, ipc_dir, tmp_path
     assert producer.poll() is None, producer.stderr.read()  # still there for the next run
     producer.terminate()
     assert producer.wait(30) == 0
-    if transport == "shm":
-        shm.remove_socket(endpoint)  # none is left: the run removed its own
 
 
 def readme_producer_commands() -> list[list[str]]:

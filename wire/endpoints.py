@@ -151,9 +151,6 @@ def ipc_served(path: str) -> bool:
 def release(endpoint: str, bind: bool) -> None:
     """Remove the socket file of an ipc or shm endpoint this process bound (ZMQ leaves it behind)."""
     scheme, path = split(endpoint)
-    if bind and scheme == "shm":
-        shm.remove_socket(endpoint)
-        return
     if not bind or scheme != "ipc" or path.startswith("@"):
         return
     try:

@@ -126,14 +126,6 @@ def served(endpoint: str) -> bool:
     return any(ln.split()[-1] in want for ln in lines if len(ln.split()) >= 8)
 
 
-def remove_socket(endpoint: str) -> None:
-    """Remove a socket file an older version left for `endpoint` (today's addresses are abstract: no file)."""
-    try:
-        (Path(f"/tmp/feedbench-{os.getuid()}") / f"{check_name(endpoint)}.sock").unlink(missing_ok=True)
-    except ShmError:
-        pass
-
-
 def restrict_to_user(sock) -> None:
     """Admit only this user's processes to a bound ZMQ ipc socket (no-op where libzmq lacks the filter)."""
     import zmq  # the one place this module needs ZMQ; imported late to keep importing it light
@@ -161,14 +153,6 @@ def layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
         offsets.append(at)
         at = _round(at + a.nbytes, ALIGN)
     return offsets, _round(max(at, 1), PAGE)
-
-
-def regions_of(pid: int) -> list[Path]:
-    """Files named after `pid`'s regions in /dev/shm: always none now that regions are anonymous.
-
-    Kept so that a launcher still removes what an older producer version left.
-    """
-    return sorted(SHM_DIR.glob(f"fb-{pid}-*"))
 
 
 def regions_held_by(pid: int) -> list[str]:
@@ -302,9 +286,6 @@ class Region:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
-
-    def unlink(self) -> None:
-        """Nothing to remove: the region has no name in any folder."""
 
     def close(self) -> None:
         """Close and unmap (a consumer's mapping, if any, stays valid: the memory lives until it unmaps too)."""
