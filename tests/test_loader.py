@@ -239,24 +239,35 @@ def test_a_loader_that_cannot_be_found_is_one_line(bad):
 # --------------------------------------------------------------------------- alone: rate, scaling, stages
 
 
+PLAIN_LOOP = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import torchvision_imagefolder as ex
+loader = ex.make_loader(sys.argv[2], batch_size=8, image_size=64, num_workers=0, seed=0)
+images, t0, seconds = 0, None, float(sys.argv[3])
+while True:
+    for i, (x, _y) in enumerate(loader):
+        if t0 is None:
+            if i >= 1:
+                t0 = time.perf_counter()
+            continue
+        images += len(x)
+        if time.perf_counter() - t0 >= seconds:
+            print(images / (time.perf_counter() - t0))
+            sys.exit(0)
+"""
+
+
 def _plain_loop_rate(data: str, seconds: float) -> float:
-    """What a user would write: iterate the same DataLoader, time the batches after a warm-up."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import torchvision_imagefolder as ex
-    finally:
-        sys.path.pop(0)
-    loader = ex.make_loader(data, batch_size=8, image_size=64, num_workers=0, seed=0)
-    images, t0 = 0, None
-    while True:
-        for i, (x, _y) in enumerate(loader):
-            if t0 is None:
-                if i >= 1:
-                    t0 = time.perf_counter()
-                continue
-            images += len(x)
-            if time.perf_counter() - t0 >= seconds:
-                return images / (time.perf_counter() - t0)
+    """What a user would write: iterate the same DataLoader, time the batches after a warm-up.
+
+    In a fresh process, as --loader-only's workers are: not in this test process, whose other threads and
+    imports (an xdist worker may have loaded TensorFlow) are not the loader's.
+    """
+    p = start("-c", PLAIN_LOOP, str(ROOT / "examples"), str(data), str(seconds))
+    code, text, err = finish(p, 300)
+    assert code == 0, err
+    return float(text.strip().splitlines()[-1])
 
 
 def test_loader_only_agrees_with_a_plain_loop_and_its_stages_add_up(data, tmp_path):

@@ -694,8 +694,14 @@ def test_a_whole_shm_run_killed_by_sigkill_leaves_nothing_in_dev_shm_or_the_sock
     """`--transport shm`, the trainer and every producer process SIGKILLed at once, regions mapped and in use."""
     shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(shm.private_dir()))
     p, _, ours = start_endless_shm_run(procs, Path(ipc_dir), "zmq-consume")
-    family = [psutil.Process(p.pid), *descendants(p.pid)]
-    assert any(shm.regions_held_by(q.pid) for q in family), "no process holds a region"
+    deadline = time.monotonic() + 240  # the producers' stats come first; their workers map regions after
+    family: list[psutil.Process] = []
+    while p.poll() is None and time.monotonic() < deadline:
+        family = [psutil.Process(p.pid), *descendants(p.pid)]
+        if any(shm.regions_held_by(q.pid) for q in family):
+            break
+        time.sleep(0.1)
+    assert any(shm.regions_held_by(q.pid) for q in family), "no process of the run came to hold a region"
     for q in family:
         q.kill()
     assert not psutil.wait_procs(family, timeout=30)[1]
