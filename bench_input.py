@@ -125,7 +125,7 @@ def parse_args(argv: list[str], paths: dict):
     g.add_argument(
         "--transport", choices=("ipc", "shm"), default="ipc",
         help="how the run's own producers reach it: ipc sockets, or shared-memory slots with slot messages over ipc "
-        "(one copy from producer to tensor; docs/wire.md)",
+        "(zmq-consume's tensors are the slots themselves, the Python paths copy once; docs/wire.md)",
     )  # fmt: skip
     g.add_argument("--endpoint", help="use an external producer: bind this endpoint and wait for it")
     g.add_argument("--hwm", type=positive_int, default=4, help="ZMQ high-water mark, in batches")

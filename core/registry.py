@@ -160,12 +160,6 @@ LIMITS = (
         "(replicated); there is no parameter server with --framework torch",
     ),
     Limit("torch", lambda a: a.ps_device != "cpu", "--ps-device: there is no parameter server with --framework torch"),
-    Limit(
-        "torch",
-        lambda a: a.transport != "ipc",
-        "--transport shm: the PyTorch ranks' own producers use ipc; "
-        "start shm producers yourself and give --endpoint shm://NAME",
-    ),
     Limit("torch", lambda a: bool(a.local_cluster), _DISTRIBUTED),
     Limit("torch", lambda a: a.variable_update.startswith("distributed_"), _DISTRIBUTED),
     Limit(

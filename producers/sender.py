@@ -323,7 +323,10 @@ def run(
         attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote, secured=bool(cfg.curve_keys))
         bound = cfg.bind
         on_ready()
-        if slots is not None and getattr(source, "fills_buffers", False):
+        # A source that fills buffers writes each batch into its slot; with --reuse-unchanged-slots a source
+        # with a read-only pool (synthetic) yields its batches instead, and a slot holding one is not rewritten.
+        reuse = cfg.reuse_unchanged_slots and getattr(source, "read_only_pool", False)
+        if slots is not None and getattr(source, "fills_buffers", False) and not reuse:
             batches = source(worker, buffers=slots.buffers)
         else:
             batches = source(worker)

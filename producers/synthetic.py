@@ -1,18 +1,26 @@
-"""Synthetic batches: a pre-generated pool of random images, cycled.
+"""Synthetic batches: random images, cycled.
 
 Generating 9.6 MB of random pixels per batch would cost more than sending it,
-so each worker makes a small pool once and sends it round and round. The
-pool's arrays are never written again, which is what makes zero-copy sends safe.
+so each worker draws a few source images once (`TILES`: they fit in a core's
+cache) and lays them out in `pool` batches, each a different rotation of them.
+Over ipc:// and tcp:// the pool's batches are sent round and round: they are
+never written again, which is what makes zero-copy sends safe. Over shm://
+the sender hands the source a free slot and the source writes the batch into
+it image by image from the cached source images: every byte of every batch is
+written anew, as a decoder writes its output, and the bytes are the same as
+the pool batch's.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+TILES = 8  # source images per worker (at 224x224, 1.2 MB: they stay in cache while a batch is written)
 
 
 @dataclass(frozen=True)
@@ -26,17 +34,33 @@ class SyntheticSource:
     seed: int = 0
     cpu_ms: float = 0.0  # CPU time spent per batch, as decoding and augmenting would (0: none)
 
-    def __call__(self, worker: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    # The sender may hand us buffers to write into (shm:// slots); or, with --reuse-unchanged-slots,
+    # send the pool's read-only batches by identity.
+    fills_buffers = True
+    read_only_pool = True
+
+    def __call__(
+        self, worker: int, buffers: Callable[[], list[np.ndarray] | None] | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         rng = np.random.default_rng([self.seed, worker])
-        shape = (self.batch, self.image_size, self.image_size, 3)
-        images = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(self.pool)]
+        tiles = rng.integers(0, 256, (max(TILES, self.pool), self.image_size, self.image_size, 3), dtype=np.uint8)
+        order = [[(p + j) % len(tiles) for j in range(self.batch)] for p in range(self.pool)]  # distinct rotations
+        images = [tiles[o] for o in order]
         labels = [rng.integers(0, self.classes, (self.batch,), dtype=np.int32) for _ in range(self.pool)]
         for a in images + labels:
             a.flags.writeable = False
         for i in itertools.count():
             if self.cpu_ms > 0:
                 _burn(self.cpu_ms / 1e3)
-            yield images[i % self.pool], labels[i % self.pool]
+            p = i % self.pool
+            out = buffers() if buffers is not None else None
+            if out is not None and out[0].shape == images[p].shape and out[1].shape == labels[p].shape:
+                for j, t in enumerate(order[p]):  # written anew from the cached tiles: pool batch p, byte for byte
+                    out[0][j] = tiles[t]
+                out[1][...] = labels[p]
+                yield out[0], out[1]
+            else:
+                yield images[p], labels[p]
 
     def describe(self) -> str:
         burn = f", {self.cpu_ms:g} ms CPU per batch" if self.cpu_ms else ""

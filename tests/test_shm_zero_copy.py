@@ -236,3 +236,29 @@ def test_the_torch_trainer_trains_on_tensors_over_the_producers_slots(procs, ep,
     assert r["loss_finite"]
     producer.send_signal(signal.SIGTERM)
     assert producer.wait(30) == 0
+
+
+@pytest.mark.timeout(400)
+def test_the_torch_trainers_own_producers_write_into_shm_slots(procs, tmp_path) -> None:
+    """--framework torch --transport shm: each rank's own producers write slots; zmq-consume trains on them in place."""
+    import json
+
+    from tests.conftest import ShmLeaks
+
+    leaks = ShmLeaks()
+    out_json = tmp_path / "r.json"
+    run = procs.start(
+        "bench_input.py", "--framework", "torch", "--transport", "shm", "--fake-location", "zmq-consume",
+        "--input-only", "--num-gpus", "2", "--batch", "2", "--image-size", "4", "--warmup-steps", "2", "--steps", "5",
+        "--repeats", "2", "--json", str(out_json),
+    )  # fmt: skip
+    _, err = run.communicate(timeout=360)
+    assert run.returncode == 0, err[-3000:]
+    doc = json.loads(out_json.read_text())
+    assert doc["config"]["transport"] == "shm"
+    r = doc["paths"]["zmq-consume"]
+    assert r["zero_copy"] is True  # every rank's tensors were the slots: its endpoint was shm://
+    assert r["batches_trained"] == 2 * 12 and r["loss_finite"]  # 2 ranks x (2 warm-up + 2 x 5)
+    assert {row["rank"] for row in r["producers"]} == {0, 1}, r["producers"]
+    assert all(row["lost"] == 0 and row["duplicated"] == 0 for row in r["producers"]), r["producers"]
+    leaks.assert_none_left()

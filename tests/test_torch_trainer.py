@@ -133,7 +133,6 @@ def test_two_machines_on_loopback(procs, tmp_path):
     "args, words",
     [
         (["--variable-update", "parameter_server"], ["--variable-update parameter_server", "DistributedDataParallel"]),
-        (["--transport", "shm"], ["--transport shm", "--endpoint shm://"]),
         (["--ps-device", "gpu"], ["--ps-device"]),
         (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2"]),
         (["--fake-location", "dali"], ["--fake-location dali needs --data"]),

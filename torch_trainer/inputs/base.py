@@ -32,7 +32,9 @@ class RankContext:
         """This rank's endpoint (and a part of it, for one per loader worker).
 
         With `--endpoint`, rank r uses the given TCP port + r (ipc: the path
-        with "-r<r>"), so external producers can address each rank.
+        with "-r<r>"), so external producers can address each rank. With
+        `--transport shm` the rank's own producers write into shared-memory
+        slots: shm://<run>-r<rank>-<path>.
         """
         suffix = "" if part is None else f"-w{part}"
         if cfg.endpoint:
@@ -40,6 +42,9 @@ class RankContext:
                 host, port = cfg.endpoint.rsplit(":", 1)
                 return f"{host}:{int(port) + self.rank * 16 + (part or 0)}"
             return f"{cfg.endpoint}-r{self.rank}{suffix}"
+        if cfg.transport == "shm":  # slots in shared memory; the sockets are abstract (wire/shm.py): no file here
+            run = os.path.basename(self.result_dir or os.path.dirname(self.tmpdir))
+            return f"shm://{run}-r{self.rank}-{path}{suffix}"
         return f"ipc://{self.tmpdir}/{path}{suffix}"
 
 
