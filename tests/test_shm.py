@@ -449,10 +449,11 @@ def test_bench_input_reads_an_external_shm_producer(procs, ep, tmp_path, path) -
 @pytest.mark.timeout(300)
 def test_an_interrupted_run_on_an_external_shm_endpoint_removes_its_socket_file(procs, ep) -> None:
     """A signal skips the op's own clean-up; the run's shutdown clean-up removes the file instead."""
-    producer = procs.producer(ep, "--batch", "2", "--image-size", "32")
+    # 2000 steps: the gpu baseline's are quick; the producer's --rate keeps the path under test busy.
+    producer = procs.producer(ep, "--batch", "2", "--image-size", "32", "--rate", "20")
     p = procs.start(
         "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--endpoint", ep, "--batch", "2",
-        "--image-size", "32", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
+        "--image-size", "32", "--warmup-steps", "1", "--steps", "2000", "--repeats", "1",
     )  # fmt: skip
     name = f"{shm.check_name(ep)}.sock"
     deadline = time.monotonic() + 240
@@ -660,7 +661,8 @@ def start_endless_shm_run(procs, tmp: Path, path: str):
     """A `--transport shm` run that trains until stopped: (its process, its run folder, its bound socket names)."""
     p = procs.start(
         "bench_input.py", "--transport", "shm", "--fake-location", path, "--input-only", "--num-gpus", "1",
-        "--batch", "2", "--image-size", "4", "--warmup-steps", "1", "--steps", "100000", "--repeats", "1",
+        "--batch", "2", "--image-size", "4", "--warmup-steps", "1", "--steps", "2000", "--repeats", "1",
+        "--producer-rate", "20",  # the gpu baseline's 2000 steps are quick; the path's take minutes
         env={**os.environ, "TMPDIR": str(tmp)},
     )  # fmt: skip
     deadline = time.monotonic() + 240
