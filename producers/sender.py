@@ -253,8 +253,12 @@ class _SlotSender:
                 return slot
 
     def buffers(self) -> list[np.ndarray] | None:
-        """Views into a free slot for the source's next batch (None: let the source allocate)."""
-        if self.region is None or self.like is None or self.pending is not None:
+        """Views into a free slot for the source's next batch (None: let the source allocate).
+
+        None with --reuse-unchanged-slots too: only arrays of the source's own (a synthetic pool) can be
+        recognised in a slot that already holds them.
+        """
+        if self.region is None or self.like is None or self.pending is not None or self.region.reuse:
             return None
         slot = self._acquire()
         if slot is None:
@@ -323,10 +327,7 @@ def run(
         attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote, secured=bool(cfg.curve_keys))
         bound = cfg.bind
         on_ready()
-        # A source that fills buffers writes each batch into its slot; with --reuse-unchanged-slots a source
-        # with a read-only pool (synthetic) yields its batches instead, and a slot holding one is not rewritten.
-        reuse = cfg.reuse_unchanged_slots and getattr(source, "read_only_pool", False)
-        if slots is not None and getattr(source, "fills_buffers", False) and not reuse:
+        if slots is not None and getattr(source, "fills_buffers", False):
             batches = source(worker, buffers=slots.buffers)
         else:
             batches = source(worker)

@@ -34,10 +34,8 @@ class SyntheticSource:
     seed: int = 0
     cpu_ms: float = 0.0  # CPU time spent per batch, as decoding and augmenting would (0: none)
 
-    # The sender may hand us buffers to write into (shm:// slots); or, with --reuse-unchanged-slots,
-    # send the pool's read-only batches by identity.
+    # The sender may hand us buffers to write into (shm:// slots).
     fills_buffers = True
-    read_only_pool = True
 
     def __call__(
         self, worker: int, buffers: Callable[[], list[np.ndarray] | None] | None = None
@@ -53,14 +51,14 @@ class SyntheticSource:
             if self.cpu_ms > 0:
                 _burn(self.cpu_ms / 1e3)
             p = i % self.pool
-            out = buffers() if buffers is not None else None
-            if out is not None and out[0].shape == images[p].shape and out[1].shape == labels[p].shape:
-                for j, t in enumerate(order[p]):  # written anew from the cached tiles: pool batch p, byte for byte
-                    out[0][j] = tiles[t]
-                out[1][...] = labels[p]
-                yield out[0], out[1]
-            else:
+            out = buffers() if buffers is not None else None  # views shaped like our first batch, or None
+            if out is None:
                 yield images[p], labels[p]
+                continue
+            for j, t in enumerate(order[p]):  # written anew from the cached tiles: pool batch p, byte for byte
+                out[0][j] = tiles[t]
+            out[1][...] = labels[p]
+            yield out[0], out[1]
 
     def describe(self) -> str:
         burn = f", {self.cpu_ms:g} ms CPU per batch" if self.cpu_ms else ""

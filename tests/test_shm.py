@@ -467,6 +467,25 @@ def test_an_interrupted_run_on_an_external_shm_endpoint_removes_its_socket_file(
     assert producer.wait(30) == 0
 
 
+def test_the_synthetic_source_writes_every_batch_into_the_slot_it_is_handed() -> None:
+    """Over shm:// the synthetic producer writes each batch anew into its slot, the same bytes as its pool."""
+    plain = SyntheticSource(batch=4, image_size=8)(0)
+    pool = [next(plain) for _ in range(6)]
+    handed: list[list[np.ndarray]] = []
+
+    def buffers() -> list[np.ndarray]:
+        handed.append([np.full((4, 8, 8, 3), 7, np.uint8), np.full(4, -1, np.int32)])
+        return handed[-1]
+
+    filled = SyntheticSource(batch=4, image_size=8)(0, buffers=buffers)
+    for i in range(6):
+        images, labels = next(filled)
+        assert images is handed[i][0] and labels is handed[i][1]  # written into the slot, not a pool array
+        np.testing.assert_array_equal(images, pool[i][0])
+        np.testing.assert_array_equal(labels, pool[i][1])
+    assert not (pool[0][0] == pool[1][0]).all(), "the pool's batches differ"
+
+
 def test_a_slot_that_already_holds_the_same_read_only_arrays_is_rewritten_unless_reuse_is_asked() -> None:
     pool = [np.arange(96, dtype=np.uint8).reshape(2, 4, 4, 3).copy(), np.arange(2, dtype=np.int32)]
     for a in pool:

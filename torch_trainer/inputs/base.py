@@ -25,7 +25,7 @@ class RankContext:
     world: int
     local_rank: int
     device: torch.device
-    tmpdir: str
+    tmpdir: str  # <the run folder>/r<rank>
     result_dir: str | None = None  # the run's folder (the rank's `tmpdir` is inside it)
 
     def endpoint(self, cfg: Any, path: str, part: int | None = None) -> str:
@@ -43,8 +43,7 @@ class RankContext:
                 return f"{host}:{int(port) + self.rank * 16 + (part or 0)}"
             return f"{cfg.endpoint}-r{self.rank}{suffix}"
         if cfg.transport == "shm":  # slots in shared memory; the sockets are abstract (wire/shm.py): no file here
-            run = os.path.basename(self.result_dir or os.path.dirname(self.tmpdir))
-            return f"shm://{run}-r{self.rank}-{path}{suffix}"
+            return f"shm://{os.path.basename(os.path.dirname(self.tmpdir))}-r{self.rank}-{path}{suffix}"
         return f"ipc://{self.tmpdir}/{path}{suffix}"
 
 
