@@ -27,6 +27,27 @@ from torch_trainer.tracing import stage
 _END = object()
 
 
+class PageableCopy(RuntimeError):
+    """A host-to-device copy whose source is not in pinned memory (CUDA would stage it and block the host)."""
+
+
+def to_device(host: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Non-blocking copies of pinned host tensors to `device`: every path's host-to-device copy goes through here.
+
+    A `non_blocking` copy from pageable memory is silently a synchronous,
+    staged one, and `torch.cuda.set_sync_debug_mode` does not flag it: so the
+    source is checked here (`is_pinned()`), and a pageable one is refused
+    naming its shape, instead of making the path look slower than it is.
+    """
+    for t in host:
+        if t.device.type == "cpu" and not t.is_pinned():
+            raise PageableCopy(
+                f"host->device copy of a {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} tensor from "
+                "pageable memory: every copy to the device must come from pinned memory"
+            )
+    return [t.to(device, non_blocking=True) for t in host]
+
+
 def as_tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor viewing `a` (no copy), also when `a` is read-only (a view of a receive buffer we never write)."""
     with warnings.catch_warnings():
@@ -100,7 +121,7 @@ class Prefetcher:
                         t.copy_(as_tensor(a))
                 if self.cuda:
                     with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
-                        out = [t.to(self.device, non_blocking=True) for t in host]
+                        out = to_device(host, self.device)
                         ev = torch.cuda.Event()
                         ev.record(self.stream)
                     self._ring_events[i] = ev
@@ -188,7 +209,7 @@ class SideCopy:
 
     def start(self, host: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event]:
         with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
-            out = [t.to(self.device, non_blocking=True) for t in host]
+            out = to_device(host, self.device)
             ev = torch.cuda.Event()
             ev.record(self.stream)
         return out, ev

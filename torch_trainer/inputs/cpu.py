@@ -15,6 +15,7 @@ import torch
 
 from core.registry import register
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
+from torch_trainer.prefetch import to_device
 from torch_trainer.tracing import stage
 
 RING = 4  # host buffers: the step's copy may still be reading the last few
@@ -53,7 +54,7 @@ class HostRandom(TorchInputPath):
             return images, labels_of(labels)
         dev = self.ctx.device
         with stage("feedbench.copy_to_device"):
-            out = images.to(dev, non_blocking=True), labels.to(dev, non_blocking=True)
+            out = to_device((images, labels), dev)
             ev = torch.cuda.Event()
             ev.record()
         self.copied[i] = ev

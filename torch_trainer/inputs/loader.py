@@ -31,7 +31,7 @@ from core.loader_spec import (
 from core.registry import register
 from producers.loader import worker_seed
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
-from torch_trainer.prefetch import Prefetcher
+from torch_trainer.prefetch import Prefetcher, to_device
 from torch_trainer.tracing import stage
 
 
@@ -72,6 +72,8 @@ class UserLoader(TorchInputPath):
             loader = obj
 
             def epochs():
+                if ctx.device.type == "cuda":  # the DataLoader's pin thread takes the device current here
+                    torch.cuda.set_device(ctx.device)  # (per host thread: this one is the pumping thread's)
                 while True:
                     self.passes.append(iter(loader))
                     yield from self.passes[-1]
@@ -98,8 +100,9 @@ class UserLoader(TorchInputPath):
         self.batcher.check(images.numpy(), np.asarray(labels.numpy()))  # views: nothing copied
         self.batcher.count += 1
         dev = self.ctx.device
-        with stage("feedbench.copy_to_device"):
-            return images.to(dev, non_blocking=True), labels_of(labels).to(dev, non_blocking=True)
+        with stage("feedbench.copy_to_device"):  # from the pin thread's pinned tensors; widened on the device
+            images, labels = to_device((images, labels), dev)
+        return images, labels_of(labels)
 
     def close(self) -> None:
         if self.feeder is not None:
