@@ -45,7 +45,8 @@ def to_device(host: Sequence[torch.Tensor], device: torch.device) -> list[torch.
                 f"host->device copy of a {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} tensor from "
                 "pageable memory: every copy to the device must come from pinned memory"
             )
-    return [t.to(device, non_blocking=True) for t in host]
+    with stage("feedbench.copy_to_device"):
+        return [t.to(device, non_blocking=True) for t in host]
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
@@ -120,7 +121,7 @@ class Prefetcher:
                     for t, a in zip(host, arrays):
                         t.copy_(as_tensor(a))
                 if self.cuda:
-                    with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
+                    with torch.cuda.stream(self.stream):
                         out = to_device(host, self.device)
                         ev = torch.cuda.Event()
                         ev.record(self.stream)
@@ -208,7 +209,7 @@ class SideCopy:
         self.stream = torch.cuda.Stream(device)
 
     def start(self, host: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event]:
-        with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream):
             out = to_device(host, self.device)
             ev = torch.cuda.Event()
             ev.record(self.stream)

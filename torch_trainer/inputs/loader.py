@@ -99,9 +99,8 @@ class UserLoader(TorchInputPath):
         images, labels = pair
         self.batcher.check(images.numpy(), np.asarray(labels.numpy()))  # views: nothing copied
         self.batcher.count += 1
-        dev = self.ctx.device
-        with stage("feedbench.copy_to_device"):  # from the pin thread's pinned tensors; widened on the device
-            images, labels = to_device((images, labels), dev)
+        # From the pin thread's pinned tensors; the labels widened on the device, after the copy.
+        images, labels = to_device((images, labels), self.ctx.device)
         return images, labels_of(labels)
 
     def close(self) -> None:
