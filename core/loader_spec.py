@@ -28,6 +28,7 @@ import itertools
 import os
 import queue
 import random
+import re
 import sys
 import threading
 import time
@@ -215,8 +216,19 @@ def seed_globals(seed: int) -> None:
         torch.manual_seed(seed)
 
 
+_FRAME = re.compile(r'\s*File "(.+)", line (\d+), in (.+)$')
+
+
 def _words(e: BaseException) -> str:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    """An exception in one line; one re-raised from a DataLoader worker keeps the worker's own cause."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if "Original Traceback (most recent call last):" in lines[1:2]:
+        # PyTorch's worker error: "Caught X in DataLoader worker process N." then the worker's traceback.
+        frames = [m.groups() for ln in lines if (m := _FRAME.match(ln))]
+        own = [f for f in frames if not re.search(r"[/\\](site|dist)-packages[/\\]", f[0])] or frames
+        where = f" (at {own[-1][0]}:{own[-1][1]} in {own[-1][2]})" if own else ""
+        return f"{text.removeprefix('Caught ').rstrip('.')}: {lines[-1].strip()}{where}"
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
@@ -395,8 +407,8 @@ class Batcher:
         if images.shape[-1] != 3:
             if images.shape[1] == 3:
                 raise self.fail(
-                    f"images are NCHW {shape}; the model takes NHWC: x.permute(0, 2, 3, 1) "
-                    "(or transpose(0, 2, 3, 1) in numpy)"
+                    f"images are NCHW {shape}; the model takes NHWC: x.permute(1, 2, 0) in a per-sample transform, "
+                    "x.permute(0, 2, 3, 1) on a batch (numpy: transpose with the same axes)"
                 )
             raise self.fail(f"images have shape {shape}; expected 3 channels last (N, H, W, 3)")
         n, h, w, _ = shape

@@ -1,7 +1,8 @@
 """CPU seconds used by each input stage: producer process trees, and the trainer's threads by name.
 
 Framework-neutral. Producers are separate processes: psutil reads each
-one's CPU time together with its workers' (its process tree). Inside the
+one's CPU time together with its workers' (its process tree, those that
+ended included). Inside the
 trainer, stages are threads: Linux keeps each thread's CPU time and name
 in /proc/self/task/<tid>/{stat,comm}, so a stage is the set of threads
 whose name matches its pattern (the Python receive threads by the name they
@@ -66,7 +67,15 @@ def stage_of(thread_name: str) -> str:
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
-    """CPU seconds of a process and all its descendants (alive now), or None if it is gone."""
+    """CPU seconds of a process and every process it started, or None if it is gone.
+
+    Alive processes count their own time; processes that already ended count
+    in the time of the one that reaped them (the kernel adds a waited-for
+    child's CPU to its parent's `children_*`, as RUSAGE_CHILDREN reports it).
+    So a DataLoader's workers are counted even when they exit at the end of
+    each pass (no `persistent_workers`), provided the loader joins them, as
+    PyTorch's does.
+    """
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -76,7 +85,7 @@ def tree_cpu_seconds(pid: int) -> float | None:
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            total += t.user + t.system + t.children_user + t.children_system
         except psutil.Error:
             continue
     return total
