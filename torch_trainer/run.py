@@ -220,6 +220,9 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
     result["batches_trained"] = sum(r["batches_trained"] for r in ranks)
     if any("zero_copy" in r for r in ranks):  # zmq-consume: whether every rank's tensors were the shm slots
         result["zero_copy"] = all(r.get("zero_copy") for r in ranks)
+    if any("cuda_regions" in r for r in ranks):  # registered with CUDA, or refused (then zero_copy is false)
+        regions = [r.get("cuda_regions", {}) for r in ranks]
+        result["cuda_regions"] = {k: sum(x.get(k, 0) for x in regions) for k in ("registered", "refused")}
     if any(r.get("decoded_on") for r in ranks):  # every result says where DALI decoded
         result["decoded_on"] = [{"rank": r["rank"], "on": r.get("decoded_on")} for r in ranks]
     if cfg.telemetry:

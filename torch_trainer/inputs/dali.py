@@ -19,6 +19,7 @@ import torch
 from core.errors import ConfigError
 from core.registry import register
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
+from torch_trainer.prefetch import to_device
 from torch_trainer.tracing import stage
 
 
@@ -58,7 +59,6 @@ class Dali(TorchInputPath):
         gpu_id = ctx.device.index if ctx.device.index is not None else ctx.local_rank
         self.decoded_on = f"gpu {gpu_id}" if self.decode == "gpu" else "cpu"
         self.copier = SideCopy(ctx.device) if cuda and self.decode == "cpu" else None
-        self._ready = None
         pipe = build_pipeline(
             cfg.data,
             files,
@@ -95,14 +95,17 @@ class Dali(TorchInputPath):
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.ctx.device
         if self.copier is not None:  # decoded on the CPU for a GPU: pinned, then a side-stream copy
-            if self._ready is None:
-                self._ready = self.copier.start(self._pinned())
-            images, labels = self.copier.hand_over(self._ready)
-            self._ready = self.copier.start(self._pinned())
+            # This step's batch only: DALI's own queue reads ahead, so asking for the next one here would
+            # make this step wait for it.
+            images, labels = self.copier.hand_over(self.copier.start(self._pinned()))
             return images, labels_of(labels)
         images, labels = self._run()  # on the GPU (mixed) already, or all on the CPU
-        # Labels stay on the host in a mixed pipeline: 4 bytes an image, widened on the device.
-        return images, labels_of(labels.to(dev, non_blocking=True))
+        if dev.type != "cuda":
+            return images, labels_of(labels)
+        # Labels stay on the host in a mixed pipeline: 4 bytes an image, pinned, copied, widened on the device.
+        with stage("feedbench.host_copy"):
+            labels = labels.pin_memory()
+        return images, labels_of(to_device([labels], dev)[0])
 
     def stage_figures(self) -> dict[str, dict]:
         return {"decoder": {"kind": "DALI", "device": self.decoded_on, "threads": max(1, self.cfg.dali_threads or 1)}}

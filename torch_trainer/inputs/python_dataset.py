@@ -88,7 +88,6 @@ class PythonDataset(ProducerFed):
         self.tracker = SeqTracker()
         self.trained = 0
         self.copier = SideCopy(ctx.device) if ctx.device.type == "cuda" else None
-        self._ready = None
         self.loader = DataLoader(
             PullDataset(endpoints, cfg),
             batch_size=None,
@@ -132,10 +131,9 @@ class PythonDataset(ProducerFed):
         if self.copier is None:  # CPU: the loader's tensors are the step's input
             images, labels = self._pull()
             return images, labels_of(labels)
-        if self._ready is None:
-            self._ready = self.copier.start(self._pull())
-        images, labels = self.copier.hand_over(self._ready)
-        self._ready = self.copier.start(self._pull())  # the next batch's copy overlaps this step
+        # This step's batch only: the loader's workers and pin thread read ahead (prefetch_factor), so asking
+        # for the next batch here would make this step wait for it. The copy overlaps the previous step's work.
+        images, labels = self.copier.hand_over(self.copier.start(self._pull()))
         return images, labels_of(labels)  # int32 -> int64 on the device, after the copy
 
     def accounting(self) -> dict:

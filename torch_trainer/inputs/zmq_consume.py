@@ -18,6 +18,7 @@ import torch
 from core.errors import ConfigError, InputError
 from core.registry import register
 from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of
+from torch_trainer.prefetch import to_device
 from torch_trainer.tracing import stage
 
 POLL_S = 0.2  # the step checks the producers this often while it waits for a batch
@@ -40,6 +41,7 @@ class ZmqConsume(ProducerFed):
     advice: ClassVar[str] = "the native receiver limits: check the wire format (native is one copy fewer) and --hwm"
 
     receiver = None
+    regions = None  # zero copy on a GPU: the CUDA registration hook, and its report
     zero_copy = False  # over shm://: tensors over the producers' slots (no copy off the wire)
 
     @classmethod
@@ -63,7 +65,10 @@ class ZmqConsume(ProducerFed):
         endpoint = ctx.endpoint(cfg, self.name)
         # Over shm:// the batch already sits in a producer's slot: tensors over it, no copy (issue: zero copies);
         # on a GPU the slot's region is registered with CUDA so its copy to the device is a DMA read of the slot.
+        # The hook runs on the receive threads: it makes this rank's GPU current there first.
         self.zero_copy = endpoint.startswith("shm://")
+        gpu = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device() if self.cuda else None
+        self.regions = rx.cuda_host_register(device=gpu) if self.zero_copy and self.cuda else None
         self.slots = (
             []
             if self.zero_copy
@@ -83,7 +88,7 @@ class ZmqConsume(ProducerFed):
             curve_keys=cfg.curve_keys,
             allow_remote=cfg.allow_remote,
             zero_copy=self.zero_copy,
-            on_region=rx.cuda_host_register() if self.zero_copy and self.cuda else None,
+            on_region=self.regions,
         )
         self._arrays: list = []  # zero-copy: the batches (arrays over their slots) the step or a copy still reads
         self._timeout = rx.ReceiveTimeout
@@ -91,6 +96,7 @@ class ZmqConsume(ProducerFed):
         self._copying: list[tuple[int, torch.cuda.Event]] = []  # slots whose copy to the device may be running
         self._held: int | None = None  # CPU: the slot the step is reading
         self._ready = None  # GPU: the next batch, its copy already started
+        self.staged = 0  # zero copy: batches over a region CUDA refused, staged through pinned memory
         self.start([endpoint])
 
     def _take(self) -> int:
@@ -113,15 +119,25 @@ class ZmqConsume(ProducerFed):
                     more = str(e).partition(";")[2].strip()  # e.g. peers refused by CURVE authentication
                     raise InputError(f"no batch within {timeout:g} s" + (f"; {more}" if more else "")) from None
 
-    def _fetch(self):
-        """Take the next filled slot and start its copy to the device on the side stream."""
+    def _fetch(self, wait: bool = True):
+        """Take the next filled slot and start its copy to the device on the side stream.
+
+        `wait=False`: only if a batch is there already (else None), so a look-ahead never
+        makes the step that returns the current batch wait for the next one.
+        """
         while len(self._copying) >= SLOTS - 1:  # leave the receive threads a slot to fill
             held, ev = self._copying.pop(0)
             ev.synchronize()
             self.receiver.release(held)
-        slot = self._take()
-        with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
-            dev = [t.to(self.ctx.device, non_blocking=True) for t in self.slots[slot]]
+        if wait:
+            slot = self._take()
+        else:
+            try:
+                slot = self.receiver.next(timeout_ms=0)
+            except self._timeout:
+                return None
+        with torch.cuda.stream(self.stream):
+            dev = to_device(self.slots[slot], self.ctx.device)
             ev = torch.cuda.Event()
             ev.record(self.stream)
         self._copying.append((slot, ev))
@@ -143,8 +159,13 @@ class ZmqConsume(ProducerFed):
         if not self.cuda:
             self._arrays.append(((images, labels), None))  # the step reads them: held until the next batch
             return images, labels_of(labels)
-        with stage("feedbench.copy_to_device"), torch.cuda.stream(self.stream):
-            dev = [t.to(self.ctx.device, non_blocking=True) for t in (images, labels)]  # DMA from the registered slot
+        host = (images, labels)
+        if not all(t.is_pinned() for t in host):  # a region CUDA refused to register: staged, and reported
+            self.staged += 1
+            with stage("feedbench.host_copy"):
+                host = tuple(t.pin_memory() for t in host)
+        with torch.cuda.stream(self.stream):
+            dev = to_device(host, self.ctx.device)  # DMA from the registered slot
             ev = torch.cuda.Event()
             ev.record(self.stream)
         self._arrays.append(((images, labels), ev))
@@ -166,13 +187,13 @@ class ZmqConsume(ProducerFed):
             return images, labels_of(labels)
         self._release_copied()
         if self._ready is None:
-            self._ready = self._fetch()
+            self._ready = self._fetch()  # this step waits for its own batch, and only for it
         (images, labels), ev = self._ready
         current = torch.cuda.current_stream(self.ctx.device)
         current.wait_event(ev)
         for t in (images, labels):
             t.record_stream(current)
-        self._ready = self._fetch()  # the next batch's copy overlaps this step
+        self._ready = self._fetch(wait=False)  # the next batch's copy overlaps this step, if it is there already
         return images, labels_of(labels)
 
     def measure_start(self) -> None:
@@ -205,11 +226,15 @@ class ZmqConsume(ProducerFed):
             return {}
         rows, messages, _ = self._final
         keys = ("producer", "received", "lost", "duplicated", "restarts")
-        return {
+        out = {
             "producers": [dict(zip(keys, map(int, r), strict=True)) for r in rows],
             "batches_pulled": int(messages),
             "zero_copy": self.zero_copy,
         }
+        if self.regions is not None:  # zero copy only where CUDA registered every region: else say what happened
+            out["cuda_regions"] = self.regions.report()
+            out["zero_copy"] = self.zero_copy and out["cuda_regions"]["refused"] == 0 and self.staged == 0
+        return out
 
     def close(self) -> None:
         if self.receiver is not None:
