@@ -5,12 +5,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedbench-installed
 BENCH_ARGS ?= --bench --out results
-# The suite runs on every core the machine gives it plus one (pytest-xdist): many tests spend their time
-# waiting on processes they started, and the extra worker fills that wait (2 cores: 15.9 min, against
-# 18.4 with two workers). A test module stays on one worker so its module-wide fixtures (built graphs,
-# a baseline run) are made once. TEST_ARGS=-n0 runs it serially.
+# The suite runs in two phases. First every test but the `timing` ones, on every core the machine gives it
+# plus one (pytest-xdist): many tests spend their time waiting on processes they started, and the extra
+# worker fills that wait. A test module stays on one worker so its module-wide fixtures (built graphs, a
+# baseline run) are made once. Then the `timing` tests, which compare rates, ratios or CPU shares, one at
+# a time with nothing of the suite beside them (tests/conftest.py skips them under parallel workers and
+# measures one again, a bounded number of times, when the machine's other work spoiled it).
+# TEST_ARGS=-n0 runs the first phase serially too.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
 TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadfile --durations=25
+TIMING_ARGS ?= -n0 --durations=10
 
 .PHONY: install op bench test gpu-check lint fuzz soak clean
 
@@ -30,7 +34,11 @@ bench: install
 	$(PY) bench_input.py $(BENCH_ARGS)
 
 test: install
-	$(PY) -m pytest $(TEST_ARGS)
+	@status=0; \
+	$(PY) -m pytest $(TEST_ARGS) -m "not timing" || status=$$?; \
+	echo "make test: the timing tests, alone"; \
+	$(PY) -m pytest $(TIMING_ARGS) -m timing || status=$$?; \
+	exit $$status
 
 # On a machine with GPUs: placement, bandwidth and a short run of both trainers (docs/gpu.md).
 gpu-check: install

@@ -36,6 +36,7 @@ def test_presets_cite_a_source_and_bad_names_are_one_line() -> None:
         Emulation.of(None, -5)
 
 
+@pytest.mark.timing
 def test_emulated_baseline_reaches_the_set_rate() -> None:
     """On-device data, no input to wait for: the emulated devices set the pace, within 2%."""
     # 100 ms steps, the median of five windows: the trainer's own time between steps stays small
@@ -54,6 +55,7 @@ def test_emulated_baseline_reaches_the_set_rate() -> None:
     assert r["loss_finite"]
 
 
+@pytest.mark.timing
 def test_capacity_of_a_throttled_producer_is_the_throttle() -> None:
     """Two producers capped at 150 img/s each: the path sustains about 300 img/s, whatever the devices want."""
     cfg = emulated(1000.0, paths=[BASELINE, "zmq-consume"], producers=2, producer_rate=150.0)
@@ -68,6 +70,7 @@ def test_capacity_of_a_throttled_producer_is_the_throttle() -> None:
     assert any(not p["kept_up"] for p in cap["probes"]) and any(p["kept_up"] for p in cap["probes"])
 
 
+@pytest.mark.timing
 def test_a_producer_below_the_demand_makes_the_gap_waiting() -> None:
     cfg = emulated(400.0, producers=1, producer_rate=300.0, steps=16, repeats=2)
     results = {path: run_path(cfg, path, has_gpu=False) for path in (BASELINE, "zmq-consume")}
@@ -80,6 +83,7 @@ def test_a_producer_below_the_demand_makes_the_gap_waiting() -> None:
     assert "below the baseline" in words and "waiting for input" in words and "producers" in words
 
 
+@pytest.mark.timing
 def test_a_cpu_hungry_loader_with_ample_rate_makes_the_gap_slower_steps() -> None:
     """Producers that keep ahead but spin while waiting for room (and burn CPU per batch) take cores from
     the CPU-bound ResNet-50 steps: the gap is contention, not waiting."""

@@ -270,27 +270,26 @@ def _plain_loop_rate(data: str, seconds: float) -> float:
     return float(text.strip().splitlines()[-1])
 
 
+@pytest.mark.timing
 def test_loader_only_agrees_with_a_plain_loop_and_its_stages_add_up(data, tmp_path):
     """One worker's rate against the same DataLoader in a plain loop, measured just before and just after it.
 
-    The reference machine is shared: a second attempt is allowed when the load on it moved.
+    A timing test: it runs alone, and is measured again (tests/conftest.py) when other work spoiled it.
     """
     tv = ["--loader", f"{TV}:make_loader", "--loader-arg", f"data={data}", "--loader-arg", "batch_size=8",
           "--loader-arg", "image_size=64", "--loader-arg", "num_workers=0"]  # fmt: skip
-    for attempt in range(3):
-        js = tmp_path / f"one{attempt}.json"
-        before = _plain_loop_rate(data, 5.0)
-        p = start("bench_input.py", *tv, "--loader-only", "--loader-workers", "1", "--loader-seconds", "5",
-                  "--no-stages", "--json", str(js))  # fmt: skip
-        code, text, err = finish(p, 300)
-        after = _plain_loop_rate(data, 5.0)
-        assert code == 0, err
-        one = json.loads(js.read_text())["points"][0]
-        plain = (before + after) / 2
-        if abs(one["images_per_sec"] - plain) <= 0.10 * plain:
-            break
-    else:
-        pytest.fail(f"--loader-only {one['images_per_sec']:.0f} img/s, plain loop {before:.0f} and {after:.0f}")
+    js = tmp_path / "one.json"
+    before = _plain_loop_rate(data, 5.0)
+    p = start("bench_input.py", *tv, "--loader-only", "--loader-workers", "1", "--loader-seconds", "5",
+              "--no-stages", "--json", str(js))  # fmt: skip
+    code, text, err = finish(p, 300)
+    after = _plain_loop_rate(data, 5.0)
+    assert code == 0, err
+    one = json.loads(js.read_text())["points"][0]
+    plain = (before + after) / 2
+    assert abs(one["images_per_sec"] - plain) <= 0.10 * plain, (
+        f"--loader-only {one['images_per_sec']:.0f} img/s, plain loop {before:.0f} and {after:.0f}"
+    )
     # The whole sweep, up to the machine's cores, with a demand, the stages and the plot.
     out = tmp_path / "out"
     p = start("bench_input.py", *tv, "--loader-only", "--loader-seconds", "2", "--emulate", "H100",

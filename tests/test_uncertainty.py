@@ -338,6 +338,7 @@ def bench_json(tmp_path, name: str, *args: str) -> dict:
     return doc
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(600)
 def test_a_throttled_producer_is_clearly_slower_and_its_interval_holds_the_throttle(tmp_path):
     """One producer capped at 200 img/s against devices that take 2,000: far below the baseline, beyond noise."""
@@ -356,6 +357,7 @@ def test_a_throttled_producer_is_clearly_slower_and_its_interval_holds_the_throt
     assert "slower than baseline" in line and "within noise" not in line
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(600)
 def test_the_same_path_measured_twice_reads_within_noise(tmp_path):
     """The baseline against a second run of itself: the truth is a ratio of 1.0, and the report says so.
