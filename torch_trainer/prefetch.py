@@ -40,7 +40,7 @@ def to_device(host: Sequence[torch.Tensor], device: torch.device) -> list[torch.
     naming its shape, instead of making the path look slower than it is.
     """
     for t in host:
-        if t.device.type == "cpu" and not t.is_pinned():
+        if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
             raise PageableCopy(
                 f"host->device copy of a {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} tensor from "
                 "pageable memory: every copy to the device must come from pinned memory"
