@@ -6,9 +6,10 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 
-# System packages: libzmq headers for the op, a C++ compiler, venv support.
+# System packages: libzmq headers for the op, libjpeg-turbo headers for the ROI decoder, a C++ compiler, venv support.
 missing=()
 [ -f /usr/include/zmq.h ] || missing+=(libzmq3-dev)
+[ -f /usr/include/jpeglib.h ] || missing+=(libjpeg62-turbo-dev)
 command -v g++ >/dev/null || missing+=(g++)
 command -v make >/dev/null || missing+=(make)
 "$PYTHON" -c "import ensurepip, venv" 2>/dev/null || missing+=(python3-venv)
