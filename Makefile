@@ -29,6 +29,7 @@ op: $(STAMP)
 	$(PY) zmq_ops/build.py
 	$(PY) zmq_ops/build.py --receiver
 	$(PY) tf_trainer/models/emulated_op/build.py
+	$(PY) producers/jpeg_roi/build.py
 
 bench: install
 	$(PY) bench_input.py $(BENCH_ARGS)
