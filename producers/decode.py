@@ -19,6 +19,7 @@ import io
 import math
 import random
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
 from core.cli_types import positive_int
+from producers.jpeg_roi import RoiDecoder, library
+from producers.jpeg_roi.build import BuildError
 from producers.options import add_send_args, run_producer
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
@@ -145,15 +148,25 @@ def random_resized_crop_box(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def _crop_resize_flip(img: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray, flip: bool) -> None:
-    """Cut `box` (top, left, height, width in `img`'s pixels) and resize it into `out`, antialiased."""
+def _crop_bounds(shape: tuple[int, ...], box: tuple[float, float, float, float]) -> tuple[int, int, int, int]:
+    """(y0, y1, x0, x1): the whole pixels of an image of `shape` that `box` (top, left, height, width) touches."""
     top, left, h, w = box
     y0, x0 = int(top), int(left)
-    y1, x1 = min(img.shape[0], max(y0 + 1, math.ceil(top + h))), min(img.shape[1], max(x0 + 1, math.ceil(left + w)))
+    return y0, min(shape[0], max(y0 + 1, math.ceil(top + h))), x0, min(shape[1], max(x0 + 1, math.ceil(left + w)))
+
+
+def _resize_flip(crop: np.ndarray, out: np.ndarray, flip: bool) -> None:
+    """Resize `crop` into `out`, antialiased, and mirror it if asked."""
     # INTER_AREA averages when shrinking (like DALI's antialiased linear resize) and is bilinear when growing.
-    cv2.resize(img[y0:y1, x0:x1], (out.shape[1], out.shape[0]), dst=out, interpolation=cv2.INTER_AREA)
+    cv2.resize(crop, (out.shape[1], out.shape[0]), dst=out, interpolation=cv2.INTER_AREA)
     if flip:
         cv2.flip(out, 1, dst=out)
+
+
+def _crop_resize_flip(img: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray, flip: bool) -> None:
+    """Cut `box` (top, left, height, width in `img`'s pixels) and resize it into `out`, antialiased."""
+    y0, y1, x0, x1 = _crop_bounds(img.shape, box)
+    _resize_flip(img[y0:y1, x0:x1], out, flip)
 
 
 # --------------------------------------------------------------------------- decoding stacks
@@ -186,6 +199,58 @@ def _decode_simplejpeg(fast: bool) -> Callable[[bytes, random.Random, np.ndarray
         )
         f = img.shape[1] / width
         _crop_resize_flip(img, (top * f, left * f, h * f, w * f), out, rng.random() < 0.5)
+
+    return decode
+
+
+def _dct_denominator(height: int, width: int, shrink: float) -> int:
+    """The largest of 8, 4, 2 whose scaled image still leaves the crop `shrink`-times reduced (else 1).
+
+    The same choice as simplejpeg's min_height/min_width with min_factor=2.
+    """
+    need_h, need_w = math.ceil(height / shrink), math.ceil(width / shrink)
+    return next((k for k in (8, 4, 2) if -(-height // k) >= need_h and -(-width // k) >= need_w), 1)
+
+
+_NEAR = cv2.INTER_LINEAR
+# CPU seconds of this thread per stage of the ROI decoder in this process, and the images they add up over.
+STAGES = ("read", "header", "start", "skip", "rows", "resize", "flip")
+stage_seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+stage_images = [0]
+
+
+def _decode_roi(fast: bool) -> Callable[[bytes, random.Random, np.ndarray], None]:
+    """Decode only the crop: its rows and its (iMCU-widened) columns, DCT-scaled when it is shrunk 2x or more."""
+
+    def decode(data: bytes, rng: random.Random, out: np.ndarray) -> None:
+        t0 = time.thread_time()
+        dec = RoiDecoder.for_thread()
+        hd = dec.header(data)
+        top, left, h, w = random_resized_crop_box(hd.height, hd.width, rng)
+        denom = _dct_denominator(hd.height, hd.width, _reduced_scale(h, w, out.shape[0]))
+        scaled = (-(-hd.height // denom), -(-hd.width // denom))
+        f = scaled[1] / hd.width
+        y0, y1, x0, x1 = _crop_bounds(scaled, (top * f, left * f, h * f, w * f))
+        t1 = time.thread_time()
+        crop = dec.decode(denom, (y0, y1), (x0, x1), fast)
+        t2 = time.thread_time()
+        # After DCT scaling a crop is seldom shrunk 2x or more: then every pixel lies under a bilinear tap
+        # and INTER_LINEAR is as good as INTER_AREA at a sixth of its cost (docs/decoding.md).
+        near = crop.shape[0] < 2 * out.shape[0] and crop.shape[1] < 2 * out.shape[1]
+        cv2.resize(crop, (out.shape[1], out.shape[0]), dst=out, interpolation=_NEAR if near else cv2.INTER_AREA)
+        t3 = time.thread_time()
+        if rng.random() < 0.5:
+            cv2.flip(out, 1, dst=out)
+        t4 = time.thread_time()
+        s = stage_seconds
+        start, skip, rows = dec.times
+        s["header"] += t1 - t0 + max(0.0, t2 - t1 - start - skip - rows)  # ctypes' own cost counted with the header
+        s["start"] += start
+        s["skip"] += skip
+        s["rows"] += rows
+        s["resize"] += t3 - t2
+        s["flip"] += t4 - t3
+        stage_images[0] += 1
 
     return decode
 
@@ -242,12 +307,14 @@ def _decode_opencv(data: bytes, rng: random.Random, out: np.ndarray) -> None:
 
 
 DECODERS: dict[str, Callable[[bytes, random.Random, np.ndarray], None]] = {
+    "roi": _decode_roi(fast=True),
+    "roi-exact": _decode_roi(fast=False),
     "simplejpeg": _decode_simplejpeg(fast=True),
     "simplejpeg-exact": _decode_simplejpeg(fast=False),
     "pillow": _decode_pillow,
     "opencv": _decode_opencv,
 }
-DEFAULT_DECODER = "simplejpeg"
+DEFAULT_DECODER = "roi"
 
 
 def _decode_with_pillow_fallback(
@@ -292,7 +359,10 @@ class DecodeSource:
 
     def header_extras(self, worker: int) -> dict[str, Any]:
         """Counters this source adds to each native header (the sender asks before every send)."""
-        return {"bad_files": int(self.bad_counts[worker])} if self.bad_counts is not None else {}
+        extras: dict[str, Any] = {"bad_files": int(self.bad_counts[worker])} if self.bad_counts is not None else {}
+        if stage_images[0]:
+            extras["stage_ms"] = {k: round(1e3 * v / stage_images[0], 4) for k, v in stage_seconds.items() if v}
+        return extras
 
     # The sender may hand us buffers to decode into (shm:// slots): no copy after decoding.
     fills_buffers = True
@@ -304,6 +374,8 @@ class DecodeSource:
         if len(files) < self.workers:
             raise DatasetError(f"{len(files)} images in {self.root} cannot be shared by {self.workers} workers")
         root = Path(self.root)
+        if self.decoder.startswith("roi"):
+            library()  # a failed build stops the worker here, not as every file counted bad
         decode = DECODERS[self.decoder]
         if self.fallback:
             decode = _decode_with_pillow_fallback(decode)
@@ -328,7 +400,10 @@ class DecodeSource:
             for i in shard:
                 path = root / files[i]
                 try:
-                    decode(path.read_bytes(), rng, images[k])
+                    t0 = time.thread_time()
+                    data = path.read_bytes()
+                    stage_seconds["read"] += time.thread_time() - t0
+                    decode(data, rng, images[k])
                 except Exception as e:
                     if self.on_bad_file == "fail":
                         raise BadFileError(f"cannot decode {path}: {e} (--on-bad-file skip skips such files)") from None
@@ -370,7 +445,9 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         check_dataset(args.data, args.list, args.workers)
-    except DatasetError as e:
+        if args.decoder.startswith("roi"):
+            library()  # built once here, before the workers start
+    except (DatasetError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     import multiprocessing as mp

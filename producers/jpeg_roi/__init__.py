@@ -1,0 +1,137 @@
+"""Region-of-interest JPEG decoding on libjpeg-turbo: decode only the rows and columns a crop keeps.
+
+`RoiDecoder.header` reads a file's header; the caller draws its crop from the
+size; `RoiDecoder.decode` decodes just that crop (optionally DCT-scaled by
+1/2, 1/4 or 1/8) into a reused buffer and returns it as a numpy view. The C
+side (`roi_decode.c`, built by `build.py`, on first use if need be) is called
+through ctypes, which releases the GIL for each call, so decoding threads run
+in parallel. Memory is bounded: libjpeg may take at most `max_memory()` bytes
+(a progressive file holds all its coefficients) and the crop buffer at most
+`MAX_CROP_PIXELS` pixels; a file beyond either is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+# A crop decoded at its scale may have at most this many pixels (3 bytes each): 96 MiB.
+MAX_CROP_PIXELS = 32 << 20
+# jpeg_crop_scanline widens the columns to whole iMCUs: at most 32 pixels at full scale.
+_WIDEN = 32
+# J_COLOR_SPACE values of jpeglib.h.
+COLOUR_SPACES = {0: "unknown", 1: "grayscale", 2: "RGB", 3: "YCbCr", 4: "CMYK", 5: "YCCK"}
+
+_LIB: ctypes.CDLL | None = None
+_LOCK = threading.Lock()
+_LOCAL = threading.local()
+
+
+class RoiDecodeError(ValueError):
+    """A file the ROI decoder cannot or will not decode; the message says why."""
+
+
+@dataclass(frozen=True)
+class JpegHeader:
+    """What a JPEG's header says: size, colour space, whether it is progressive."""
+
+    width: int
+    height: int
+    colour_space: str
+    progressive: bool
+    components: int
+
+
+def library() -> ctypes.CDLL:
+    """The decoder library, built on first use if it is missing or stale."""
+    global _LIB
+    with _LOCK:
+        if _LIB is None:
+            from producers.jpeg_roi.build import build
+
+            lib = ctypes.CDLL(str(build(verbose=False)))
+            p, i, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_double
+            lib.roi_new.restype = p
+            lib.roi_free.argtypes = [p]
+            lib.roi_message.restype = ctypes.c_char_p
+            lib.roi_message.argtypes = [p]
+            lib.roi_max_memory.restype = ctypes.c_long
+            lib.roi_header.restype = i
+            lib.roi_header.argtypes = [p, ctypes.c_char_p, ctypes.c_ulong, ctypes.POINTER(i)]
+            lib.roi_decode.restype = i
+            lib.roi_decode.argtypes = [p, i, i, i, i, i, p, ctypes.c_long, ctypes.c_long, i,
+                                       ctypes.POINTER(i), ctypes.POINTER(d)]  # fmt: skip
+            _LIB = lib
+    return _LIB
+
+
+def max_memory() -> int:
+    """The most memory libjpeg may allocate for one file, in bytes."""
+    return int(library().roi_max_memory())
+
+
+class RoiDecoder:
+    """One decoding context (use one per thread: `for_thread()`); keeps its buffer between files."""
+
+    def __init__(self) -> None:
+        self._lib = library()
+        self._ctx = self._lib.roi_new()
+        if not self._ctx:
+            raise MemoryError("cannot create a JPEG decoding context")
+        self._info = (ctypes.c_int * 5)()
+        self._got = (ctypes.c_int * 2)()
+        self._times = (ctypes.c_double * 3)()
+        self._buffer = np.empty(0, np.uint8)
+        self._data: bytes = b""
+        self.times = (0.0, 0.0, 0.0)  # last decode: start (setup; a progressive file's entropy decode), skip, rows
+
+    def __del__(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lib.roi_free(self._ctx)
+            self._ctx = None
+
+    @classmethod
+    def for_thread(cls) -> RoiDecoder:
+        """This thread's decoder (a context is not safe to share between threads)."""
+        dec = getattr(_LOCAL, "decoder", None)
+        if dec is None:
+            dec = _LOCAL.decoder = cls()
+        return dec
+
+    def _error(self) -> RoiDecodeError:
+        return RoiDecodeError(self._lib.roi_message(self._ctx).decode("utf-8", "replace"))
+
+    def header(self, data: bytes) -> JpegHeader:
+        """Read the header of `data` (kept for the following `decode`); RoiDecodeError if it is no JPEG."""
+        self._data = data  # the library reads from these bytes until the decode ends
+        if self._lib.roi_header(self._ctx, data, len(data), self._info) != 0:
+            raise self._error()
+        w, h, cs, prog, comps = self._info
+        return JpegHeader(w, h, COLOUR_SPACES.get(cs, str(cs)), bool(prog), comps)
+
+    def decode(self, denom: int, rows: tuple[int, int], cols: tuple[int, int], fast: bool = True) -> np.ndarray:
+        """Rows and columns [start, stop) of the image scaled by 1/denom, as an RGB view of a reused buffer.
+
+        Call right after `header`. The view is valid until the next decode.
+        """
+        (y0, y1), (x0, x1) = rows, cols
+        stride = (x1 - x0 + _WIDEN) * 3
+        if (y1 - y0) * (x1 - x0 + _WIDEN) > MAX_CROP_PIXELS:
+            raise RoiDecodeError(
+                f"crop of {x1 - x0}x{y1 - y0} pixels at 1/{denom} scale is over the {MAX_CROP_PIXELS >> 20} Mpixel bound"
+            )
+        need = (y1 - y0) * stride
+        if self._buffer.size < need:
+            self._buffer = np.empty(need, np.uint8)
+        rc = self._lib.roi_decode(self._ctx, denom, y0, y1, x0, x1, self._buffer.ctypes.data, stride,
+                                  self._buffer.size, int(fast), self._got, self._times)  # fmt: skip
+        self._data = b""
+        if rc != 0:
+            raise self._error()
+        self.times = tuple(self._times)
+        xoff, width = self._got
+        img = self._buffer[:need].reshape(y1 - y0, x1 - x0 + _WIDEN, 3)
+        return img[:, x0 - xoff : x0 - xoff + (x1 - x0)]

@@ -1,0 +1,185 @@
+/* Region-of-interest JPEG decoding on the system libjpeg-turbo (libjpeg API).
+ *
+ * One context per decoding thread. roi_header() reads a file's header (the
+ * caller draws its crop from the size); roi_decode() then decodes only that
+ * crop: libjpeg DCT scaling by 1/denom, jpeg_skip_scanlines() over the rows
+ * above the crop (entropy decoding only), jpeg_crop_scanline() so only the
+ * crop's columns (widened to whole iMCUs) are transformed and colour
+ * converted, and decoding stops after the crop's last row.
+ *
+ * Loaded with ctypes, which releases the GIL around every call.
+ * Every libjpeg error and warning (corrupt or truncated data) ends the call
+ * with -1 and a message; memory libjpeg may take is bounded by
+ * ROI_MAX_MEMORY (a progressive file keeps all its coefficients).
+ */
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jpeglib.h>
+
+#define ROI_MAX_MEMORY (256L << 20)
+
+typedef struct {
+  struct jpeg_error_mgr pub;
+  jmp_buf jump;
+} roi_error;
+
+typedef struct {
+  struct jpeg_decompress_struct cinfo;
+  roi_error err;
+  int has_header;
+  unsigned char *row4; /* one CMYK row, converted to RGB by hand */
+  size_t row4_cap;
+  char message[JMSG_LENGTH_MAX + 64];
+} roi_ctx;
+
+static void on_error(j_common_ptr c) {
+  roi_ctx *ctx = (roi_ctx *)c->client_data;
+  c->err->format_message(c, ctx->message);
+  longjmp(ctx->err.jump, 1);
+}
+
+/* A warning means corrupt or missing data (libjpeg would fill in grey): refuse the file. */
+static void on_message(j_common_ptr c, int level) {
+  if (level < 0) on_error(c);
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+const char *roi_message(roi_ctx *ctx) { return ctx->message; }
+
+long roi_max_memory(void) { return ROI_MAX_MEMORY; }
+
+void roi_free(roi_ctx *ctx) {
+  if (!ctx) return;
+  jpeg_destroy_decompress(&ctx->cinfo);
+  free(ctx->row4);
+  free(ctx);
+}
+
+static int create(roi_ctx *ctx) {
+  if (setjmp(ctx->err.jump)) return -1;
+  jpeg_create_decompress(&ctx->cinfo);
+  ctx->cinfo.mem->max_memory_to_use = ROI_MAX_MEMORY;
+  return 0;
+}
+
+roi_ctx *roi_new(void) {
+  roi_ctx *ctx = calloc(1, sizeof(roi_ctx));
+  if (!ctx) return NULL;
+  ctx->cinfo.err = jpeg_std_error(&ctx->err.pub);
+  ctx->err.pub.error_exit = on_error;
+  ctx->err.pub.emit_message = on_message;
+  ctx->cinfo.client_data = ctx; /* kept by jpeg_create_decompress */
+  if (create(ctx) != 0) {
+    free(ctx);
+    return NULL;
+  }
+  return ctx;
+}
+
+/* End a call that failed; `message` NULL keeps the one libjpeg wrote. */
+static int fail(roi_ctx *ctx, const char *message) {
+  if (message) snprintf(ctx->message, sizeof(ctx->message), "%s", message);
+  jpeg_abort_decompress(&ctx->cinfo);
+  ctx->has_header = 0;
+  return -1;
+}
+
+/* info: width, height, colour space (J_COLOR_SPACE), progressive (0/1), components. */
+int roi_header(roi_ctx *ctx, const unsigned char *data, unsigned long size, int *info) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  ctx->message[0] = 0;
+  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
+  jpeg_abort_decompress(ci);
+  ctx->has_header = 0;
+  if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return fail(ctx, "not a JPEG (no start-of-image marker)");
+  jpeg_mem_src(ci, data, size);
+  jpeg_read_header(ci, TRUE);
+  info[0] = (int)ci->image_width;
+  info[1] = (int)ci->image_height;
+  info[2] = (int)ci->jpeg_color_space;
+  info[3] = ci->progressive_mode ? 1 : 0;
+  info[4] = ci->num_components;
+  ctx->has_header = 1;
+  return 0;
+}
+
+/* Adobe CMYK/YCCK as written by Photoshop is inverted: R = C*K/255 etc. on the stored values. */
+static void cmyk_to_rgb(const unsigned char *in, unsigned char *out, JDIMENSION n, int inverted) {
+  for (JDIMENSION i = 0; i < n; i++, in += 4, out += 3) {
+    unsigned c = in[0], m = in[1], y = in[2], k = in[3];
+    if (!inverted) c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
+    out[0] = (unsigned char)((c * k + 127) / 255);
+    out[1] = (unsigned char)((m * k + 127) / 255);
+    out[2] = (unsigned char)((y * k + 127) / 255);
+  }
+}
+
+static void read_rows(roi_ctx *ctx, unsigned char *out, long stride, JDIMENSION y0, JDIMENSION y1, int cmyk) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  while (ci->output_scanline < y1) {
+    JSAMPROW row = out + (long)(ci->output_scanline - y0) * stride;
+    if (!cmyk) {
+      jpeg_read_scanlines(ci, &row, 1);
+      continue;
+    }
+    JSAMPROW tmp = ctx->row4;
+    jpeg_read_scanlines(ci, &tmp, 1);
+    cmyk_to_rgb(ctx->row4, row, ci->output_width, ci->saw_Adobe_marker);
+  }
+}
+
+/* Decode rows [y0, y1) and columns [x0, x1) of the image scaled by 1/denom into `out`
+ * (RGB, rows `stride` bytes apart, `capacity` bytes). The columns decoded start at
+ * got[0] (<= x0) and are got[1] wide; times: header-to-start, skip, rows (seconds). */
+int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned char *out, long stride,
+               long capacity, int fast, int *got, double *times) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  if (!ctx->has_header) return fail(ctx, "no header read");
+  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
+  double t0 = now();
+  int cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
+  ci->scale_num = 1;
+  ci->scale_denom = (unsigned)denom;
+  ci->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+  ci->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
+  ci->do_fancy_upsampling = fast ? FALSE : TRUE;
+  jpeg_calc_output_dimensions(ci);
+  if (y0 < 0 || x0 < 0 || y1 <= y0 || x1 <= x0 || (JDIMENSION)y1 > ci->output_height ||
+      (JDIMENSION)x1 > ci->output_width)
+    return fail(ctx, "crop box outside the scaled image");
+  jpeg_start_decompress(ci); /* a progressive file is entropy-decoded whole here */
+  JDIMENSION xoff = (JDIMENSION)x0, width = (JDIMENSION)(x1 - x0);
+  if (width < ci->output_width) jpeg_crop_scanline(ci, &xoff, &width);
+  if ((long)width * 3 > stride || (long)(y1 - y0 - 1) * stride + (long)width * 3 > capacity)
+    return fail(ctx, "output buffer too small for the crop");
+  if (cmyk && ctx->row4_cap < (size_t)width * 4) {
+    free(ctx->row4);
+    ctx->row4_cap = 0;
+    ctx->row4 = malloc((size_t)width * 4);
+    if (!ctx->row4) return fail(ctx, "out of memory for a CMYK row");
+    ctx->row4_cap = (size_t)width * 4;
+  }
+  double t1 = now();
+  if (y0 > 0) jpeg_skip_scanlines(ci, (JDIMENSION)y0);
+  double t2 = now();
+  read_rows(ctx, out, stride, (JDIMENSION)y0, (JDIMENSION)y1, cmyk);
+  double t3 = now();
+  jpeg_abort_decompress(ci); /* stop after the crop's last row */
+  ctx->has_header = 0;
+  got[0] = (int)xoff;
+  got[1] = (int)width;
+  times[0] = t1 - t0;
+  times[1] = t2 - t1;
+  times[2] = t3 - t2;
+  return 0;
+}
