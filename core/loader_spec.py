@@ -429,35 +429,58 @@ class Batcher:
 _END = object()
 
 
+def own(item: Any) -> Any:
+    """The item's images and labels as numpy arrays of our own: a copy, never the loader's memory.
+
+    A loader may refill one preallocated buffer for every batch (a common
+    reader pattern); a batch still queued for sending, or prefetched, would
+    then change under its consumer. An item that is not an (images, labels)
+    pair is left for the Batcher to refuse.
+    """
+    pair = _pair(item)
+    if pair is None:
+        return item
+    return tuple(np.array(_to_numpy(x), order="C", copy=True) for x in pair)
+
+
 def guarded(
     items: Iterator[Any],
     name: str,
     timeout: float,
     should_stop: Callable[[], bool] = lambda: False,
     unit: str = "batch",
+    ahead: int = 2,
+    prepare: Callable[[Any], Any] = own,
 ) -> Iterator[Any]:
     """`items`, taken in a helper thread so that a loader that hangs or raises becomes one LoaderError.
 
-    A loader that yields nothing for `timeout` seconds is called hung; its
-    thread is a daemon, so the process can still exit (and multiprocessing
-    stops a DataLoader's daemonic workers at exit).
+    The thread reads at most `ahead` items ahead of the consumer, each made
+    the consumer's own by `prepare` (a copy) before the loader is asked for
+    the next: a loader that reuses its output buffer cannot change a batch
+    that was already handed on. `ahead=0` asks the loader for an item only
+    when the consumer asks for it. A loader that yields nothing for
+    `timeout` seconds is called hung; its thread is a daemon, so the process
+    can still exit (and multiprocessing stops a DataLoader's daemonic
+    workers at exit).
     """
-    q: queue.Queue = queue.Queue(maxsize=2)
+    q: queue.Queue = queue.Queue()
+    credits = threading.Semaphore(ahead)  # one more for every item the consumer asks for
     done = threading.Event()
 
     def pump() -> None:
         n = 0
         try:
-            for item in items:
-                n += 1
-                while not done.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+            while True:
+                while not credits.acquire(timeout=0.1):
+                    if done.is_set():
+                        return
                 if done.is_set():
                     return
+                item = next(items, _END)
+                if item is _END:
+                    break
+                n += 1
+                q.put((prepare(item), None))
             q.put((_END, None))
         except BaseException as e:  # reported by the consumer of the queue as one line
             q.put((_END, (n + 1, e)))
@@ -467,23 +490,14 @@ def guarded(
     got = 0
     try:
         while True:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    item, err = q.get(timeout=0.1)
-                    break
-                except queue.Empty:
-                    if should_stop():
-                        return
-                    if time.monotonic() > deadline:
-                        raise LoaderError(
-                            f"loader {name}: no {unit} for {timeout:g} s after {unit} {got} "
-                            "(hung? raise --loader-timeout if it is only slow)"
-                        ) from None
+            credits.release()
+            item, err = _take(q, name, unit, got, timeout, should_stop)
             if err is not None:
                 index, e = err
+                if isinstance(e, LoaderError):
+                    raise e
                 raise LoaderError(f"loader {name}: {unit} {index} raised {_words(e)}") from None
-            if item is _END:
+            if item is _END or item is None:
                 return
             got += 1
             yield item
@@ -492,6 +506,24 @@ def guarded(
         # Let the thread leave the loader's code before the process may exit: a thread killed at
         # interpreter exit inside native code (TensorFlow's, say) aborts the process.
         t.join(min(timeout, 10.0))
+
+
+def _take(
+    q: queue.Queue, name: str, unit: str, got: int, timeout: float, should_stop: Callable[[], bool]
+) -> tuple[Any, Any]:
+    """The pump's next (item, error); (None, None) when `should_stop()`; LoaderError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return q.get(timeout=0.1)
+        except queue.Empty:
+            if should_stop():
+                return None, None
+            if time.monotonic() > deadline:
+                raise LoaderError(
+                    f"loader {name}: no {unit} for {timeout:g} s after {unit} {got} "
+                    "(hung? raise --loader-timeout if it is only slow)"
+                ) from None
 
 
 def batches(

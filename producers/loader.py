@@ -58,6 +58,11 @@ class LoaderSource:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        if args.reuse_unchanged_slots:
+            raise LoaderError(
+                "--reuse-unchanged-slots is for synthetic sources whose arrays never change; "
+                "a loader's batches are written into their slots anew (drop the flag)"
+            )
         spec = LoaderSpec.parse(args.loader, args.loader_arg)
         spec.resolve()  # a wrong module or name is one line here, before any worker starts
     except LoaderError as e:

@@ -78,7 +78,9 @@ class UserLoader(TorchInputPath):
                     self.passes.append(iter(loader))
                     yield from self.passes[-1]
 
-            self.it = guarded(epochs(), spec.name, cfg.loader_timeout)
+            # Asked for a batch only when the step asks: the DataLoader's own workers read ahead, and a batch
+            # it hands over is used in place (a loader may reuse its output tensors).
+            self.it = guarded(epochs(), spec.name, cfg.loader_timeout, ahead=0, prepare=lambda item: item)
             return
         del obj  # the feeder's thread builds its own copy, so its iteration lives on that thread
 
