@@ -5,11 +5,19 @@ decodes unlike a photograph, so the decoding benchmarks need real pictures.
 The photographs that ship inside scikit-image (no download) are cut, scaled
 and flipped at random into JPEGs of ImageNet's typical size (about 500x375,
 some portrait) and quality (about 90), one sub-folder per class.
+
+`--like imagenet` follows ImageNet's training set more closely: its spread
+of sizes (a long tail up to several thousand pixels, made of tiles of the
+photographs so a large file has a photograph's detail per pixel), qualities
+and chroma subsampling, and its odd files (grayscale, CMYK, progressive, a
+PNG named .JPEG), each at least once; docs/decoding.md gives the figures and
+their sources. A MANIFEST.json at the top says what each file is.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -99,9 +107,84 @@ def make_dataset(root: str | Path, classes: int, per_class: int, seed: int = 0, 
     return written
 
 
+# --like imagenet: (share, long side low, high) of the size classes; the short side mostly 2/3-4/5 of the long.
+IMAGENET_SIZES = ((0.2, 120, 470), (0.645, 480, 520), (0.15, 520, 1000), (0.005, 1200, 4000))
+# (share, quality low, high) of the JPEG qualities.
+IMAGENET_QUALITIES = ((0.6, 90, 97), (0.3, 75, 89), (0.1, 50, 74))
+# Odd files: share of the set, and the least number in any set of 20 files or more.
+IMAGENET_ODD = {"grayscale": 0.02, "progressive": 0.03, "cmyk": 0.005, "png": 0.002}
+SHARE_444 = 0.1  # files without chroma subsampling
+TILE = (500, 375)
+
+
+def _pick(rng: np.random.Generator, table: tuple[tuple[float, int, int], ...]) -> int:
+    """An integer from the (share, low, high) row drawn by share."""
+    row = table[int(rng.choice(len(table), p=[r[0] for r in table]))]
+    return int(rng.integers(row[1], row[2] + 1))
+
+
+def _canvas(photos: list[np.ndarray], w: int, h: int, rng: np.random.Generator) -> Image.Image:
+    """A w x h picture: one view of a photograph, or, when large, a mosaic of ImageNet-sized views."""
+    if w <= 2 * TILE[0] and h <= 2 * TILE[1]:
+        view = random_view(photos[int(rng.integers(len(photos)))], rng)
+        return view.resize((w, h), Image.Resampling.BILINEAR)
+    canvas = Image.new("RGB", (w, h))
+    for y in range(0, h, TILE[1]):
+        for x in range(0, w, TILE[0]):
+            view = random_view(photos[int(rng.integers(len(photos)))], rng).resize(TILE)
+            canvas.paste(view, (x, y))
+    return canvas
+
+
+def _odd_kinds(n: int, rng: np.random.Generator) -> list[str]:
+    """The kind of each of n files: 'plain' or an odd kind, each odd kind present at least once if n >= 20."""
+    kinds = ["plain"] * n
+    at = iter(rng.permutation(n).tolist())
+    for kind, share in IMAGENET_ODD.items():
+        for _ in range(max(1 if n >= 20 else 0, round(share * n))):
+            kinds[next(at)] = kind
+    return kinds
+
+
+def _save_like_imagenet(img: Image.Image, path: Path, kind: str, quality: int, rng: np.random.Generator) -> None:
+    if kind == "png":
+        img.save(path, "PNG")  # named .JPEG, as one ImageNet file is
+        return
+    subsampling = 0 if rng.random() < SHARE_444 else 2  # 4:4:4 or 4:2:0
+    mode = {"grayscale": "L", "cmyk": "CMYK"}.get(kind, "RGB")
+    img.convert(mode).save(path, "JPEG", quality=quality, subsampling=subsampling, progressive=kind == "progressive")
+
+
+def make_imagenet_like(root: str | Path, classes: int, per_class: int, seed: int = 0) -> list[Path]:
+    """Write an ImageNet-like set (sizes, qualities, odd files) and its MANIFEST.json; returns the files."""
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    photos = load_photos()
+    kinds = iter(_odd_kinds(classes * per_class, rng))
+    written, manifest = [], {}
+    for c in range(classes):
+        folder = root / f"n{c:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for k in range(per_class):
+            long_side = _pick(rng, IMAGENET_SIZES)
+            ratio = float(rng.choice(SHORT_RATIOS)) if rng.random() < 0.8 else float(rng.uniform(0.5, 1.0))
+            short_side = max(16, round(long_side * ratio))
+            w, h = (short_side, long_side) if rng.random() < PORTRAIT_SHARE else (long_side, short_side)
+            kind, quality = next(kinds), _pick(rng, IMAGENET_QUALITIES)
+            path = folder / f"n{c:08d}_{k}.JPEG"
+            _save_like_imagenet(_canvas(photos, w, h, rng), path, kind, quality, rng)
+            manifest[f"{folder.name}/{path.name}"] = {"kind": kind, "width": w, "height": h, "quality": quality}
+            written.append(path)
+    (root / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return written
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
-        files = make_dataset(args.folder, args.classes, args.per_class, args.seed, args.quality)
+        if args.like == "imagenet":
+            files = make_imagenet_like(args.folder, args.classes, args.per_class, args.seed)
+        else:
+            files = make_dataset(args.folder, args.classes, args.per_class, args.seed, args.quality)
     except (OSError, RuntimeError) as e:
         print(f"error: cannot make a dataset in {args.folder}: {e}", file=sys.stderr)
         return 2
@@ -116,4 +199,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-class", type=positive_int, default=50, help="JPEGs per class")
     p.add_argument("--seed", type=int, default=0, help="seed of the photographs' crops and the JPEG quality jitter")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (each file varies by up to 2)")
+    p.add_argument(
+        "--like",
+        choices=("imagenet",),
+        help="follow ImageNet's training set: its sizes, qualities and odd files (docs/decoding.md)",
+    )
     p.set_defaults(func=_run)
