@@ -1,15 +1,20 @@
 """`make gpu-check` (`python -m benchmarks.gpu_check`): the first run on a GPU machine checks itself.
 
-In under ten minutes on one GPU it runs, each in its own process (this
-module imports neither framework):
+In under eight minutes on one GPU (its steps' time caps add up to BUDGET_S),
+it runs, each in its own process (this module imports neither framework):
 
-1. TensorFlow's real placement of every path and variable update, compared
-   with the plan (`python -m tf_trainer.gpu_check`);
-2. the PyTorch trainer's own check (`python -m torch_trainer.gpu_check`),
-   when that module is there;
-3. pinned and pageable host-to-device bandwidth (`python -m torch_trainer.bandwidth`);
-4. a short run of every default path on both trainers, one GPU, and a table
-   of each path's ratio to its trainer's baseline.
+1. TensorFlow's real placement of every path and variable update on one GPU,
+   compared with the plan; with 2+ GPUs also the replicated (NCCL all-reduce)
+   graphs for two (`python -m tf_trainer.gpu_check`);
+2. the PyTorch trainer's own check on one GPU (`python -m torch_trainer.gpu_check`):
+   pinned and pageable host-to-device bandwidth, then every path in one
+   torchrun launch (zmq-consume over shm:// in a second), start-up shared;
+3. a short run of every default TensorFlow path on one GPU;
+
+then bounds the figures (`figure_problems`): no path may beat the on-device
+baseline beyond its interval, the baseline must reach a stated share of the
+GPU's published ResNet-50 rate, and a path's slowdown must be what its input
+wait says. A table shows each path's ratio to its trainer's baseline.
 
 On a machine without an NVIDIA GPU it says so in one line and exits 0.
 Exit status 1 when a check failed; every step's output is shown as it runs.
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,11 +33,26 @@ import time
 from pathlib import Path
 
 from core import gpus
+from core.emulate import PRESETS
+from profiler.uncertainty import ratio_interval
 
 ROOT = Path(__file__).resolve().parent.parent
-BUDGET_S = 570  # the whole check, within ten minutes
-# A short schedule: enough steps past start-up for a ratio, not a publishable figure.
-SHORT_RUN = ["--num-gpus", "1", "--warmup-steps", "10", "--steps", "30", "--repeats", "2"]
+BUDGET_S = 450  # the whole check: 7.5 minutes, within eight with room for start-up and the table
+# (title, module and arguments, cap in seconds): the caps add up to BUDGET_S at most.
+STEPS = (
+    ("TensorFlow: placement of every path, as planned?", ["-m", "tf_trainer.gpu_check", "--num-gpus", "1"], 150),
+    ("PyTorch: bandwidth and every path, one GPU", ["-m", "torch_trainer.gpu_check", "--num-gpus", "1"], 160),
+    ("TensorFlow: every default path, one GPU, short run", ["bench_input.py", "--framework", "tf"], 140),
+)
+# A short schedule in mixed precision (as the published rates): enough steps past start-up for a ratio.
+SHORT_RUN = ["--num-gpus", "1", "--use-fp16", "--warmup-steps", "10", "--steps", "30", "--repeats", "3"]
+# The on-device baseline must reach this share of the GPU's published ResNet-50 rate (core/emulate.py, mixed
+# precision, tuned large-batch runs): a short run at batch 64 reaches well above it; far below, the GPU is
+# throttled, shared, or the trainer is wrong.
+MIN_SHARE_OF_PUBLISHED = 0.3
+# A path's slowdown (1 - ratio) and its input wait share may differ by this much before they disagree.
+WAIT_TOLERANCE = 0.15
+BASELINE = "gpu"
 
 
 def _step(title: str, cmd: list[str], deadline: float, cap_s: float) -> tuple[bool, str]:
@@ -51,12 +73,63 @@ def _step(title: str, cmd: list[str], deadline: float, cap_s: float) -> tuple[bo
     return proc.returncode == 0, out
 
 
-def _ratios(path: str) -> dict[str, float | None]:
+def _results(path: str) -> dict[str, dict]:
     try:
-        doc = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text()).get("paths", {})
     except (OSError, ValueError):
         return {}
-    return {p: r.get("ratio_to_baseline") for p, r in doc.get("paths", {}).items()}
+
+
+def _ratios(results: dict[str, dict]) -> dict[str, float | None]:
+    return {p: r.get("ratio_to_baseline") for p, r in results.items()}
+
+
+def _windows(result: dict) -> list[float]:
+    ips = result.get("images_per_sec") or {}
+    return list(ips.get("repeats") or [ips["median"]]) if "median" in ips else []
+
+
+def published_rate(gpu_name: str) -> tuple[str, float] | None:
+    """(preset, images/s) of the published ResNet-50 rate for a GPU named like `gpu_name`, None if none is."""
+    for name, preset in PRESETS.items():
+        if name.lower() in gpu_name.lower():
+            return name, preset.images_per_sec
+    return None
+
+
+def figure_problems(framework: str, results: dict[str, dict], gpu_name: str, fp16: bool = True) -> list[str]:
+    """One line per figure out of bounds in one trainer's results (path -> result, `gpu` the baseline)."""
+    base = results.get(BASELINE)
+    if not base or not _windows(base):
+        return [f"{framework}: no baseline ({BASELINE}) figure to bound the others by"]
+    problems, bw = [], _windows(base)
+    rate = statistics.median(bw)
+    known = published_rate(gpu_name)
+    if known and fp16 and rate < MIN_SHARE_OF_PUBLISHED * known[1]:
+        problems.append(
+            f"{framework}: the {BASELINE} baseline trained {rate:.0f} images/s, below "
+            f"{MIN_SHARE_OF_PUBLISHED:.0%} of the published {known[0]} rate ({known[1]:.0f} images/s, core/emulate.py)"
+        )
+    for path, r in results.items():
+        w = _windows(r)
+        if path == BASELINE or not w:
+            continue
+        lo, hi, _, _ = ratio_interval(w, bw)
+        ratio = statistics.median(w) / rate if rate > 0 else math.nan
+        if len(w) > 1 and len(bw) > 1 and lo > 1.0:
+            problems.append(
+                f"{framework}: the {BASELINE} baseline ran slower than {path} beyond its interval "
+                f"(ratio {lo:.2f}-{hi:.2f}): the on-device baseline is the ceiling, so the run is not to be trusted"
+            )
+        share = (r.get("telemetry") or {}).get("input_wait_share")
+        if share is not None and not math.isnan(ratio):
+            slowdown = max(0.0, 1.0 - ratio)
+            if abs(share - slowdown) > max(WAIT_TOLERANCE, hi - lo):
+                problems.append(
+                    f"{framework}: {path} ran at {ratio:.2f} of the baseline ({slowdown:.0%} slower) but its "
+                    f"telemetry says it waited for input {share:.0%} of the time"
+                )
+    return problems
 
 
 def ratio_table(tf_ratios: dict, torch_ratios: dict) -> str:
@@ -80,40 +153,27 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + BUDGET_S
     py = sys.executable
     print(f"gpu-check: {len(found)} NVIDIA GPU(s): " + "; ".join(found), flush=True)
-    failed = []
-    ok, _ = _step(
-        "TensorFlow: placement of every path, as planned?",
-        [py, "-m", "tf_trainer.gpu_check", "--num-gpus", "1"],
-        deadline,
-        180,
-    )
-    if not ok:
-        failed.append("tensorflow placement")
-    if (ROOT / "torch_trainer" / "gpu_check.py").exists():
-        ok, _ = _step("PyTorch: its own check", [py, "-m", "torch_trainer.gpu_check"], deadline, 120)
-        if not ok:
-            failed.append("torch check")
-    else:
-        print("\n== PyTorch: its own check\n   skipped: torch_trainer/gpu_check.py is not there")
-    ok, _ = _step(
-        "pinned host-to-device bandwidth",
-        [py, "-m", "torch_trainer.bandwidth", "--mb", "256", "--repeats", "5"],
-        deadline,
-        60,
-    )
-    if not ok:
-        failed.append("bandwidth")
+    failed, results = [], {}
     with tempfile.TemporaryDirectory(prefix="feedbench-gpu-check-") as tmp:
-        ratios = {}
-        for framework in ("tf", "torch"):
-            out = f"{tmp}/{framework}.json"
-            cmd = [py, "bench_input.py", "--framework", framework, *SHORT_RUN, "--json", out]
-            ok, _ = _step(f"{framework}: every default path, one GPU, short run", cmd, deadline, 240)
+        for (title, args, cap), key in zip(STEPS, ("tf placement", "torch", "tf"), strict=True):
+            extra = []
+            if key == "tf placement" and len(found) > 1:
+                extra = ["--multi-gpu", "2"]  # the NCCL all-reduce graphs, where there are GPUs to build them for
+            elif key in ("torch", "tf"):
+                extra = ["--json", f"{tmp}/{key}.json"] + (SHORT_RUN if key == "tf" else ["--use-fp16"])
+            ok, _ = _step(title, [py, *args, *extra], deadline, cap)
             if not ok:
-                failed.append(f"{framework} run")
-            ratios[framework] = _ratios(out)
+                failed.append(key)
+            if key in ("torch", "tf"):
+                results[key] = _results(f"{tmp}/{key}.json")
+    name = found[0]
+    for framework, label in (("tf", "TensorFlow"), ("torch", "PyTorch")):
+        for line in figure_problems(label, results[framework], name) if results[framework] else []:
+            print(f"   bound: {line}")
+            failed.append(f"{framework} figures")
     print("\n== each path's images/s as a ratio to its trainer's baseline (short runs, one GPU)")
-    print(ratio_table(ratios["tf"], ratios["torch"]))
+    print(ratio_table(_ratios(results["tf"]), _ratios(results["torch"])))
+    failed = list(dict.fromkeys(failed))
     print(f"\ngpu-check: {'failed: ' + ', '.join(failed) if failed else 'every check passed'}")
     return 1 if failed else 0
 

@@ -83,11 +83,14 @@ def _version(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
 
 
-def unseen_gpus(framework: str, seen: int, cuda_build: str | None, fix_wheel: str) -> str | None:
+def unseen_gpus(
+    framework: str, seen: int, cuda_build: str | None, fix_wheel: str, fix_driver: str | None = None
+) -> str | None:
     """Why `framework` sees `seen` == 0 GPUs on a machine that has some, with the fix; None if nothing is wrong.
 
     `cuda_build` is the CUDA version the framework was built with ("12.5.1"),
-    None for a CPU-only build; `fix_wheel` says how to install the CUDA build.
+    None for a CPU-only build; `fix_wheel` says how to install the CUDA build;
+    `fix_driver`, how to get a build for an older driver (else: update the driver).
     A machine without NVIDIA GPUs, a framework that sees them, and GPUs hidden
     on purpose with CUDA_VISIBLE_DEVICES are not errors.
     """
@@ -105,7 +108,7 @@ def unseen_gpus(framework: str, seen: int, cuda_build: str | None, fix_wheel: st
     if driver is not None and need is not None and driver < need:
         return (
             f"{has}: NVIDIA driver {_version(driver)} is too old for {framework}'s CUDA {cuda_build} build "
-            f"(it needs {_version(need)} or newer); update the driver"
+            f"(it needs {_version(need)} or newer); update the driver" + (f", or {fix_driver}" if fix_driver else "")
         )
     libcuda = _libcuda_error()
     if libcuda is not None:

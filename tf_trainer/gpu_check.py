@@ -8,7 +8,9 @@ graph when the session first runs, so nothing needs to be fed). Any op whose
 device differs from the one the graph asks for (its own, or its colocation
 group's) was moved, most often by soft placement to the host; each is named.
 It also asks the kernel registry (tf_trainer/kernels.py) which ops would be
-moved. Exit status 0 when every path is placed as planned, 1 when not.
+moved. `--multi-gpu N` also builds every path's replicated graphs for N GPUs
+(the NCCL all-reduce of the gradients), which one GPU never builds.
+Exit status 0 when every path is placed as planned, 1 when not.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tf_trainer.gpu_check", description=__doc__)
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--num-gpus", type=int, default=None, help="devices to build for (default: every GPU)")
+    p.add_argument("--multi-gpu", type=int, default=0, help="also the replicated (NCCL) graphs for this many GPUs")
     a = p.parse_args(argv)
     try:
         gpus = devices.gpu_count()
@@ -119,15 +122,19 @@ def main(argv: list[str] | None = None) -> int:
         print("tensorflow: no GPU on this machine: nothing to place")
         return 0
     n = min(a.num_gpus or gpus, gpus)
+    plans = [(n, update) for update in UPDATES]
+    if min(a.multi_gpu, gpus) > 1 and min(a.multi_gpu, gpus) != n:
+        plans.append((min(a.multi_gpu, gpus), UPDATES[0]))  # replicated: NCCL all-reduce between the towers
     results, bad = [], 0
     for path in registry.default_run("tf"):
-        for update in UPDATES:
-            r = check_path(path, n, update)
+        for devices_n, update in plans:
+            r = check_path(path, devices_n, update)
+            r["gpus"] = devices_n
             results.append(r)
             ok = not r["moved"] and not r["no_kernel"]
             bad += not ok
             print(
-                f"tensorflow placement {path:15s} {r['update']:18s} "
+                f"tensorflow placement {path:15s} {r['update']:18s} {devices_n} GPU(s) "
                 + (f"as planned ({r['checked']} ops)" if ok else f"{len(r['moved'])} of {r['checked']} ops moved"),
                 flush=True,
             )

@@ -1,7 +1,8 @@
 """Host-to-device copy bandwidth, pinned and pageable: the ceiling of every path that copies batches to a GPU.
 
 `python -m torch_trainer.bandwidth [--mb 256] [--repeats 7]` prints GB/s (median of the repeats). Without a
-GPU it measures a host-to-host tensor copy instead, and says so.
+GPU it measures a host-to-host tensor copy instead, and says so; where the driver reports GPUs that torch
+cannot see (a driver older than torch's CUDA), it names the driver and the fix in one line and exits 1.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=positive_int, default=7)
     a = p.parse_args(argv)
     nbytes = a.mb * 1_000_000
+    from torch_trainer.plugin import unseen_gpu_problem
+
+    problem = unseen_gpu_problem(torch)
+    if problem:  # not "no GPU here": the machine has GPUs this torch cannot use
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         print(f"host -> {name}, {a.mb} MB per copy, median of {a.repeats}")

@@ -22,6 +22,15 @@ from torch_trainer.launch import Nodes
 # How to get a torch that sees the GPUs: PyPI's Linux wheels are CUDA builds (scripts/setup_env.sh).
 TORCH_FIX = "install the CUDA build (pip install torch==2.14.1 from PyPI, or run `make install` again)"
 
+# A driver older than torch's CUDA needs: setup picks the torch build for the driver (scripts/setup_env.sh).
+TORCH_DRIVER_FIX = "run `make install` again: it installs the torch build for this driver where PyTorch has one"
+
+
+def unseen_gpu_problem(torch: Any) -> str | None:
+    """Why torch sees no GPU on a machine whose driver reports some, with the fix in one line; None if none."""
+    return unseen_gpus("torch", torch.cuda.device_count(), torch.version.cuda, TORCH_FIX, TORCH_DRIVER_FIX)
+
+
 HALF_CUDA, HALF_CPU = "float16", "bfloat16"  # --use-fp16: autocast's half type on each kind of device
 
 
@@ -45,7 +54,7 @@ class TorchTrainer:
 
     def gpu_count(self) -> int:
         gpus = self.torch.cuda.device_count()
-        problem = unseen_gpus("torch", gpus, self.torch.version.cuda, TORCH_FIX)
+        problem = unseen_gpu_problem(self.torch)
         if problem:  # never a silent run on the host of a GPU machine
             raise ConfigError(problem)
         return gpus
