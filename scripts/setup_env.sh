@@ -5,6 +5,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv
+TORCH=2.14.1
+TORCHVISION=0.29.1
+
+# torch's build for the NVIDIA driver: PyPI's wheels are CUDA 13 (driver 580.65.06 or newer); an older
+# driver (525.60.13 or newer) gets PyTorch's CUDA 12.6 build from download.pytorch.org, where it has one.
+# `setup_env.sh --torch-build-for DRIVER` prints the choice (version suffix, then the line saying why).
+older() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" = "$1" ]; }
+torch_build_for() {
+  local driver=$1
+  if [ -z "$driver" ] || ! older "$driver" 580.65.06; then
+    echo ""
+  elif older "$driver" 525.60.13; then
+    echo ""
+    echo "setup: NVIDIA driver $driver is older than any CUDA build of torch $TORCH needs (525.60.13): torch will not see the GPUs; update the driver"
+  else
+    echo "+cu126"
+    echo "setup: NVIDIA driver $driver is older than CUDA 13 needs (580.65.06): torch's CUDA 12.6 build from download.pytorch.org"
+  fi
+}
+if [ "${1:-}" = --torch-build-for ]; then
+  torch_build_for "${2:-}"
+  exit 0
+fi
 
 # System packages: libzmq headers for the op, libjpeg-turbo headers for the ROI decoder, a C++ compiler, venv support.
 missing=()
@@ -70,8 +93,23 @@ fi
 # SPDL for the `spdl` reference loader. Skipped when these versions are already there: pip would
 # otherwise put back what a CPU machine removes below.
 have() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
-if ! { have torch 2.14.1 && have torchvision 0.29.1 && have spdl 0.8.0; }; then
-  "${pip[@]}" "torch==2.14.1" "torchvision==0.29.1" "spdl==0.8.0"
+driver=""
+[ "$gpu" = 1 ] && driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+choice=$(torch_build_for "$driver")
+suffix=$(echo "$choice" | head -1)
+[ -n "$(echo "$choice" | sed -n 2p)" ] && echo "$choice" | sed -n 2p
+torch_index=()
+if [ -n "$suffix" ]; then
+  if "${pip[@]}" --dry-run --no-deps --extra-index-url "https://download.pytorch.org/whl/${suffix#+}" \
+       "torch==$TORCH$suffix" >/dev/null 2>&1; then
+    torch_index=(--extra-index-url "https://download.pytorch.org/whl/${suffix#+}")
+  else
+    echo "setup: PyTorch has no torch $TORCH$suffix build: the CUDA 13 one is installed, and torch will not see the GPUs until the driver is 580.65.06 or newer"
+    suffix=""
+  fi
+fi
+if ! { have torch "$TORCH$suffix" && have torchvision "$TORCHVISION$suffix" && have spdl 0.8.0; }; then
+  "${pip[@]}" "${torch_index[@]}" "torch==$TORCH$suffix" "torchvision==$TORCHVISION$suffix" "spdl==0.8.0"
   # PyPI's Linux torch wheels are CUDA builds: libtorch links CUDA's runtime, cuDNN and NCCL, so those
   # stay even without a GPU. Triton (about 0.9 GB) only compiles GPU kernels: a CPU machine drops it.
   if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
@@ -80,7 +118,7 @@ if ! { have torch 2.14.1 && have torchvision 0.29.1 && have spdl 0.8.0; }; then
 fi
 
 # torch's CUDA 13 wheels, put back where TensorFlow's CUDA 12 ones had overwritten or removed their files.
-if [ "${reinstall_torch_cuda:-0}" = 1 ] && have torch 2.14.1; then
+if [ "${reinstall_torch_cuda:-0}" = 1 ] && have torch "$TORCH$suffix"; then
   torch_cuda=$("$VENV/bin/python" -c 'import importlib.metadata as m, re
 print(" ".join(r.split(";")[0].replace(" ", "") for r in m.requires("torch") or [] if r.startswith("nvidia-") and "extra ==" not in r))')
   if [ -n "$torch_cuda" ]; then "${pip[@]}" --force-reinstall --no-deps $torch_cuda; fi

@@ -84,11 +84,33 @@ def test_tensorflow_finds_cuda_12_libraries_of_its_own():
     check_major(framework, "libcudart.so.12", "-cu12")
 
 
-def test_torch_finds_cuda_13_libraries_of_its_own():
+def test_torch_finds_cuda_libraries_of_its_own_major():
+    """CUDA 13 from PyPI; CUDA 12 where setup picked PyTorch's cu126 build for an older driver."""
     spec = importlib.util.find_spec("torch")
     if spec is None or spec.origin is None:
         pytest.skip("torch is not installed")
     lib = Path(spec.origin).parent / "lib" / "libtorch_cuda.so"
     if not lib.exists():
         pytest.skip("this torch is a CPU build")
-    check_major(lib, "libcudart.so.13", "-cu13")
+    major = "12" if "+cu12" in importlib.metadata.version("torch") else "13"
+    check_major(lib, f"libcudart.so.{major}", f"-cu{major}")
+
+
+SETUP = Path(__file__).resolve().parent.parent / "scripts" / "setup_env.sh"
+
+
+@pytest.mark.parametrize(
+    "driver, suffix, says",
+    [
+        ("", "", None),  # no NVIDIA driver (this machine): PyPI's wheel, as ever
+        ("590.48.01", "", None),
+        ("580.65.06", "", None),
+        ("550.54.14", "+cu126", "setup: NVIDIA driver 550.54.14 is older than CUDA 13 needs (580.65.06): torch's "),
+        ("470.82.01", "", "setup: NVIDIA driver 470.82.01 is older than any CUDA build of torch 2.14.1 needs"),
+    ],
+)
+def test_setup_picks_the_torch_build_the_driver_can_run(driver, suffix, says):
+    p = subprocess.run(["bash", str(SETUP), "--torch-build-for", driver], capture_output=True, text=True, check=True)
+    lines = p.stdout.splitlines()
+    assert (lines or [""])[0] == suffix
+    assert lines[1].startswith(says) if says else len(lines) <= 1, lines
