@@ -107,3 +107,35 @@ def test_dali_ops_on_a_gpu_have_gpu_kernels(jpegs, update, dali_device, n):
         raise
     missing = missing_gpu_kernels(g)
     assert not missing, "\n".join(missing)
+
+
+# Arguments a GPU kernel keeps in host memory by design: shapes, axes and sizes, a few int32 values each.
+METADATA_ARGS = {"shape", "dims", "reduction_indices", "axis", "perm", "begin", "end", "size", "strides", "multiples"}
+
+
+def host_memory_data_args(graph) -> list[str]:
+    """Ops on a GPU whose kernel (for their types) keeps a data argument in host memory: a round trip per step."""
+    from tensorflow.python.framework import kernels as registered
+
+    found = []
+    for op in graph.get_operations():
+        device = gpu_device(graph, op)
+        if device is None:
+            continue
+        types = {k: v.type for k, v in op.node_def.attr.items() if v.WhichOneof("value") == "type"}
+        for kernel in registered.get_registered_kernels_for_op(op.type).kernel:
+            fits = all(c.name not in types or types[c.name] in c.allowed_values.list.type for c in kernel.constraint)
+            if kernel.device_type == "GPU" and fits:
+                data = sorted(set(kernel.host_memory_arg) - METADATA_ARGS)
+                if data:
+                    found.append(f"{op.name} ({op.type} on {device}): {', '.join(data)} in host memory")
+                break
+    return found
+
+
+@pytest.mark.parametrize("update", UPDATES, ids=["replicated", "ps-cpu", "ps-gpu"])
+@pytest.mark.parametrize("path", ["gpu", "zmq-consume"])
+def test_the_emulated_models_labels_stay_on_the_gpu(path, update):
+    """int32 reductions on a GPU have kernels, but on host memory: the labels would go to the host every step."""
+    g = make(path, 2, update, "emulated").graph
+    assert host_memory_data_args(g) == []

@@ -156,9 +156,12 @@ class Schedule {
   Clock::duration bank_{0};
 };
 
-// Finish a step at its deadline, from the timer thread (at once if the deadline has passed).
-void FinishAt(Clock::time_point deadline, AsyncOpKernel::DoneCallback done) {
-  if (Clock::now() >= deadline) {
+// Finish a step at its deadline, from the timer thread; at once on this thread if the deadline has passed
+// and `here` allows it. Inside a CUDA stream callback `here` is false: `done` hands the step back to
+// TensorFlow's executor, which may launch work and call CUDA, and no CUDA call may run in a stream callback
+// (CUDA runtime API, cudaLaunchHostFunc / cudaStreamAddCallback), so the timer thread runs it even then.
+void FinishAt(Clock::time_point deadline, AsyncOpKernel::DoneCallback done, bool here = true) {
+  if (here && Clock::now() >= deadline) {
     done();
     return;
   }
@@ -257,7 +260,7 @@ class EmulatedDeviceStepGpuOp : public EmulatedDeviceStepBase {
     auto shared_done = std::make_shared<DoneCallback>(std::move(done));
     std::shared_ptr<Schedule> schedule = schedule_;
     const absl::Status queued = stream->DoHostCallback([schedule, batch, copy, shared_done]() {
-      FinishAt(schedule->Deadline(Clock::now(), batch), std::move(*shared_done));
+      FinishAt(schedule->Deadline(Clock::now(), batch), std::move(*shared_done), /*here=*/false);
     });
     if (!queued.ok()) {
       ctx->SetStatus(errors::Internal("EmulatedDeviceStep: queueing the step on the GPU stream failed: ",
