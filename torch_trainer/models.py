@@ -47,7 +47,8 @@ class InputOnly(nn.Module):
 
 
 class EmulatedDevice(nn.Module):
-    """A device that takes `batch / rate` seconds per step without using host CPU (it sleeps).
+    """A device that takes `batch / rate` seconds per step without using host CPU (it sleeps), from the
+    moment its batch is on the device (on a GPU: once the batch's host-to-device copy is done).
 
     The hook for `--model emulated`: the rate and where it comes from are
     given by whoever selects it, and every report labels the run as emulated.
@@ -62,6 +63,13 @@ class EmulatedDevice(nn.Module):
         self._due = 0.0  # when the previous step's batch was consumed, on an absolute schedule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            # The device's time starts when the batch is there, as TensorFlow's kernel starts it from a
+            # stream callback: this stream waits for the batch's copy (the path's event), so once the
+            # event recorded here has passed, the copy is done. Without it a copy-bound path looks fed.
+            arrived = torch.cuda.Event()
+            arrived.record()
+            arrived.synchronize()
         # Absolute deadlines, so the host's own time between steps does not add up: a step that
         # starts late (input wait) starts a new schedule; one that starts early waits out its share.
         # Up to a tenth of a step of host time between steps is taken from the schedule's slack.
