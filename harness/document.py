@@ -3,7 +3,10 @@
 A run's document and a sweep's share their blocks: `framework`, `config`,
 `device`, `model`, `started`, and per grid point `paths`. `--json` writes
 a run's document; `--out` writes it (or a sweep's) with flat `rows` as
-results.json, .csv, .md and .png. Every file is written atomically.
+results.json, .csv, .md and .png (a capacity run's rows and results.md carry
+each path's capacity; its results.png is the capacity chart). Every file is
+written atomically, and a set an earlier run left in the folder is kept in
+its `earlier/` folder.
 """
 
 from __future__ import annotations
@@ -63,12 +66,16 @@ def sweep_document(plugin: Trainer, grid: dict, runs: list[dict], started: float
 
 
 def write_out(out: str, framework: str, doc: dict, cfg: BenchConfig | None) -> list[str]:
-    """--out: results.{json,csv,md,png}, and capacity.png for a capacity run; all of them or none."""
+    """--out: results.{json,csv,md,png}, all of them or none; an earlier set there is kept (profiler/earlier.py).
+
+    A capacity run's results.png is the capacity chart: the paths ranked by their capacity, as its table and
+    results.md rank them, not by the first probe's images/s.
+    """
     from profiler.sweep import write_results
 
     extra = {}
     if cfg is not None and cfg.find_capacity:
         from profiler.plot import capacity_png
 
-        extra["capacity.png"] = capacity_png(doc["paths"])
+        extra["results.png"] = capacity_png(doc["paths"])
     return write_results(out, doc, registry.names(framework), extra)

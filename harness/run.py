@@ -10,6 +10,7 @@ for TensorFlow and PyTorch.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -72,6 +73,7 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
     if results is None:
         return 0  # another node of the run writes the report
     report(plugin, cfg, results, out, started, gpus, bench=bench)
+    code = _failed(results)
     if bench and not gpus:
         # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
         # H100s each path would keep fed (docs/emulated.md).
@@ -84,7 +86,18 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
         print()
         started, results = run_paths(plugin, cap, gpus, batch_given=False)
         report(plugin, cap, results, os.path.join(out, "capacity") if out else None, started, gpus)
-    return 0
+        code = max(code, _failed(results))
+    return code
+
+
+def _failed(results: dict[str, dict]) -> int:
+    """2 if a path's capacity probes failed (one error line each, after every other result was written)."""
+    from runner.capacity import failed_lines
+
+    lines = failed_lines(results)
+    for line in lines:
+        print(f"error: {line}", file=sys.stderr)
+    return 2 if lines else 0
 
 
 def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -> tuple[float, dict[str, dict] | None]:

@@ -19,8 +19,13 @@ than that probe delivered.
    demand every try kept up with (or, when a try there fell short, the least
    that try delivered) to the lowest demand a try fell short at (open, `None`,
    when no probe fell short). Two paths whose intervals overlap cannot be told
-   apart by this run (`overlap`). When most tries at the kept-up rate fall
-   short, the capacity is that interval's low end.
+   apart by this run (`overlap`).
+5. The answer is read from every probe, not from the order they ran in: the
+   capacity is the highest demand any probe kept up with (never below a
+   demand a probe sustained, never above what that probe delivered), the
+   bracket's upper end the lowest demand above it that a probe fell short
+   at. A try that fell short at the capacity's rate lowers the interval's
+   low end instead.
 Every probe is kept (repeats marked `"repeat": true`), so a reader sees the
 search, not just its answer.
 """
@@ -116,14 +121,18 @@ class CapacitySearch:
                 kept, _ = self._try(hi, repeat=True)
                 if kept:
                     break
-        best = max((p for p in self.probes if p["kept_up"]), key=lambda p: p["rate_per_device"], default=None)
+        sure = lo  # the search's own lower end, tried `confirm` more times: the interval's low end is read there
+        lo, hi = self._bracket()
         # Never more than a probe delivered: a demand the devices could not step at (a rate beyond what this
-        # machine emulates) is not a capacity of the path.
-        capacity = min(lo * self.towers, best["images_per_sec"]) if lo is not None and best else None
-        interval = self._interval(lo, hi)
+        # machine emulates) is not a capacity of the path. Never less than a demand a probe kept up with.
+        best = max(
+            (p for p in self.probes if p["kept_up"]),
+            key=lambda p: min(p["demand_images_per_sec"], p["images_per_sec"]),
+            default=None,
+        )
+        capacity = min(best["demand_images_per_sec"], best["images_per_sec"]) if best else None
+        interval = self._interval(sure, hi)
         at_lo = [p for p in self.probes if lo is not None and p["rate_per_device"] == lo]
-        if capacity is not None and 2 * sum(p["kept_up"] for p in at_lo) < len(at_lo):
-            capacity = interval[0]  # most tries fell short at the rate kept up with: it is not sustained
         at_hi = [p for p in self.probes if hi is not None and p["rate_per_device"] == hi]
         return {
             "threshold": self.threshold,
@@ -133,26 +142,43 @@ class CapacitySearch:
                 "kept_up_at_bracket_low": [sum(p["kept_up"] for p in at_lo), len(at_lo)],
                 "kept_up_at_bracket_high": [sum(p["kept_up"] for p in at_hi), len(at_hi)],
             },
-            "rate_per_device": lo,
+            "rate_per_device": best["rate_per_device"] if best else None,
             "achieved_images_per_sec": best["images_per_sec"] if best else None,
             "bracket_per_device": [lo, hi],
             "below_lowest_probe": lo is None,
             "probes": self.probes,
         }
 
+    def _bracket(self) -> tuple[float | None, float | None]:
+        """(the highest rate a probe kept up with, the lowest rate above it a probe fell short at).
+
+        Read from every probe, not from the search's path to them: a capacity is never below a demand one of
+        its probes kept up with (a try that fell short at that rate widens the interval instead).
+        """
+        lo = max((p["rate_per_device"] for p in self.probes if p["kept_up"]), default=None)
+        hi = min(
+            (
+                p["rate_per_device"]
+                for p in self.probes
+                if not p["kept_up"] and (lo is None or p["rate_per_device"] > lo)
+            ),
+            default=None,
+        )
+        return lo, hi
+
     def _any_kept(self, rate: float) -> bool:
         return any(p["kept_up"] for p in self.probes if p["rate_per_device"] == rate)
 
-    def _interval(self, lo: float | None, hi: float | None) -> tuple[float | None, float | None]:
+    def _interval(self, sure: float | None, hi: float | None) -> tuple[float | None, float | None]:
         """[highest demand every try kept up with (or the least a short try there delivered), lowest demand
-        a try fell short at]; see the module's docstring."""
+        a try fell short at above every kept-up one]; see the module's docstring."""
         upper = hi * self.towers if hi is not None else None
-        if lo is None:
+        if sure is None:
             return 0.0, upper
-        at_lo = [p for p in self.probes if p["rate_per_device"] == lo]
+        at_lo = [p for p in self.probes if p["rate_per_device"] == sure]
         kept = [p["images_per_sec"] for p in at_lo if p["kept_up"]]
         short = [p["images_per_sec"] for p in at_lo if not p["kept_up"]]
-        lower = min(short) if short else min([lo * self.towers, *kept])
+        lower = min(short) if short else min([sure * self.towers, *kept])
         return lower, upper
 
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from tabulate import tabulate
 
 from core.atomic import atomic_write
+from profiler.earlier import write_keeping_earlier
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,17 @@ def write_json(path: str, doc: dict) -> None:
 
 
 def write_files(out: str, doc: dict) -> list[str]:
-    """loader.json and loader.png in `out`."""
+    """loader.json and loader.png in `out` (an earlier pair there is kept: profiler/earlier.py)."""
     os.makedirs(out, exist_ok=True)
     files = [os.path.join(out, "loader.json"), os.path.join(out, "loader.png")]
-    write_json(files[0], doc)
-    atomic_write(files[1], plot_png(doc))
-    return files
+    png = plot_png(doc)
+
+    def write() -> list[str]:
+        write_json(files[0], doc)
+        atomic_write(files[1], png)
+        return files
+
+    return write_keeping_earlier(out, ["loader.json", "loader.png"], write)
 
 
 def plot_png(doc: dict) -> bytes:

@@ -21,6 +21,7 @@ from tabulate import tabulate
 
 from core.atomic import write_all
 from core.config import BASELINE, BenchConfig
+from profiler.earlier import write_keeping_earlier
 from profiler.report import SCHEMA_VERSION
 
 # Flags that take comma-separated lists under --sweep, and their BenchConfig fields.
@@ -64,6 +65,10 @@ COLUMNS = [
     "input_wait_share",
     "verdict",
     "limiting_stage",
+    "capacity_images_per_sec",
+    "capacity_lo",
+    "capacity_hi",
+    "capacity_devices",
 ]
 
 
@@ -190,6 +195,7 @@ def rows_of(runs: list[dict]) -> list[dict]:
                     "input_wait_share": tel.get("input_wait_share"),
                     "verdict": v.get("level"),
                     "limiting_stage": v.get("limiting_stage"),
+                    **_capacity_cells(r.get("capacity")),
                 }
             )
     one = {
@@ -204,6 +210,19 @@ def rows_of(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def _capacity_cells(c: dict | None) -> dict:
+    """A capacity run's figures for the row: capacity, its interval (hi None: open above), emulated devices."""
+    if not c:
+        return dict.fromkeys(("capacity_images_per_sec", "capacity_lo", "capacity_hi", "capacity_devices"))
+    lo, hi = (c.get("interval") or [None, None])[:2]
+    return {
+        "capacity_images_per_sec": c.get("images_per_sec"),
+        "capacity_lo": lo,
+        "capacity_hi": hi,
+        "capacity_devices": c.get("devices"),
+    }
+
+
 def to_csv(rows: list[dict]) -> str:
     """Floats as repr, so a reader gets back exactly the numbers in results.json."""
     buf = io.StringIO()
@@ -216,6 +235,16 @@ def to_csv(rows: list[dict]) -> str:
 
 def _f(x: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
     return "–" if x is None else f"{x * scale:{spec}}{suffix}"
+
+
+def _capacity_text(r: dict) -> str:
+    cap, lo, hi = r.get("capacity_images_per_sec"), r.get("capacity_lo"), r.get("capacity_hi")
+    if r["path"] == BASELINE:
+        return f"{_f(cap, ',.0f')} (baseline)"
+    if cap is None:
+        return f"< lowest probe ({_f(hi, ',.0f')})"
+    upper = "open" if hi is None else f"{hi:,.0f}"
+    return f"{'>= ' if hi is None else ''}{cap:,.0f} ({_f(lo, ',.0f')}–{upper})"
 
 
 def to_markdown(rows: list[dict]) -> str:
@@ -255,7 +284,17 @@ def to_markdown(rows: list[dict]) -> str:
                 else f"{r['verdict'] or '–'} ({r['limiting_stage'] or '–'})",
             ]
         )
+    capacity = any(r.get("capacity_devices") is not None for r in rows)
+    if capacity:  # a capacity run: its answer beside the first probe's figures
+        head += ["capacity img/s (interval)", "emulated devices"]
+        for r, row in zip(rows, cells, strict=True):
+            row += [_capacity_text(r), _f(r.get("capacity_devices"), ".2f")]
     text = tabulate(cells, headers=head, tablefmt="github", disable_numparse=True) + "\n"
+    if capacity:
+        text += (
+            "\nimages/s: each path's first probe, at the preset's rate. Capacity: the highest demand a probe kept "
+            "up with at >= 97% of the baseline, and its interval (docs/emulated.md); rank the paths by it.\n"
+        )
     windows = sorted({r["windows"] for r in rows if r.get("windows")})
     if windows:
         n = windows[0] if len(windows) == 1 else f"{windows[0]}–{windows[-1]}"
@@ -274,7 +313,8 @@ def write_results(
     """results.json, results.csv, results.md and results.png (and `extra` files) in `out_dir`: all or none.
 
     `path_order` (the registry's order) fixes each path's place and colour in the plot.
-    A write that fails (a full disk) leaves none of them (OutputError).
+    A write that fails (a full disk) leaves none of them (OutputError). A set an earlier run left in `out_dir`
+    is kept in its `earlier/` folder (profiler/earlier.py), and the list returned says so.
     """
     from profiler.plot import plot_png
 
@@ -286,4 +326,8 @@ def write_results(
         "results.png": plot_png(rows, title=doc.get("title", ""), path_order=path_order),
         **(extra or {}),
     }
-    return write_all({os.path.join(out_dir, name): data for name, data in files.items()}, what=f"--out {out_dir}")
+    return write_keeping_earlier(
+        out_dir,
+        list(files),
+        lambda: write_all({os.path.join(out_dir, name): data for name, data in files.items()}, what=f"--out {out_dir}"),
+    )

@@ -11,6 +11,10 @@ measured at the preset's rate, unless the machine could not step the
 devices at half that rate: then the baseline at a rate is the demand, at
 most what it delivered. A capacity is never more than its probe delivered.
 
+A probe that fails (a crashed rank, a lost producer) is run once more; a
+path whose probe fails again gets no capacity, and the other paths' results
+are kept (the baseline's `capacity.failed` names it and says why).
+
 Each capacity comes with an interval (profiler/capacity.py: the decisive
 probes are tried again), the baseline's from its runs after the first; the
 table says which paths' intervals overlap: those this run cannot rank.
@@ -23,6 +27,7 @@ from dataclasses import replace
 
 from core.config import BASELINE, BenchConfig, emulated_batch
 from core.emulate import rate_text
+from core.errors import ConfigError, FeedbenchError
 from profiler.capacity import CONFIRM, CapacitySearch, overlap
 
 PROBE_STEPS = {"warmup_steps": 8, "steps": 20, "repeats": 1}
@@ -88,30 +93,17 @@ def find_capacities(
         return efficiency * rate * towers
 
     results: dict[str, dict] = {BASELINE: base0}
+    failed: dict[str, str] = {}
     for path in cfg.paths:
         if path == BASELINE:
             continue
-        first: dict = {}
-
-        def probe(rate: float, path: str = path, first: dict = first) -> dict:
-            r = run_path(probe_config(cfg, rate, batch_given), path)
-            log(
-                f"  {path}: demand {rate_text(rate * towers)} img/s ({rate_text(rate)} per device) -> "
-                f"{rate_text(r['images_per_sec']['median'])} img/s"
-            )
-            if not first:
-                first.update(r)
-            return r
-
-        found = CapacitySearch(towers, probe, baseline, confirm=confirm).run(start)
-        if found["rate_per_device"] is not None:
-            at = run_path(probe_config(cfg, found["rate_per_device"], batch_given), BASELINE)
-            found["baseline_at_capacity"] = at["images_per_sec"]["median"]
-            found["ratio_at_capacity"] = (found["achieved_images_per_sec"] or 0) / found["baseline_at_capacity"]
-        found["devices"] = found["images_per_sec"] / preset_rate if found["images_per_sec"] else 0.0
-        found["device"] = cfg.emulation["device"]
-        found["device_images_per_sec"] = preset_rate
-        results[path] = {**first, "capacity": found}
+        try:
+            results[path] = _path_capacity(cfg, path, run_path, baseline, batch_given, log, confirm)
+        except ConfigError:
+            raise
+        except FeedbenchError as e:  # this path's probes failed twice: the other paths' results are kept
+            failed[path] = str(e)
+            log(f"  {path}: failed again; no capacity for it, the other paths go on")
     base0["capacity"] = {
         "images_per_sec": base0_ips,
         "interval": base_range,
@@ -121,9 +113,55 @@ def find_capacities(
         "device_images_per_sec": preset_rate,
         "efficiency": efficiency,
         "probes": [],
+        **({"failed": failed} if failed else {}),
     }
     _mark_overlaps(results)
-    return results, {"images_per_sec": base0_ips, "efficiency": efficiency}
+    return results, {"images_per_sec": base0_ips, "efficiency": efficiency, "failed": failed}
+
+
+def _path_capacity(
+    cfg: BenchConfig,
+    path: str,
+    run_path: Callable[[BenchConfig, str], dict],
+    baseline: Callable[[float], float],
+    batch_given: bool,
+    log: Callable[[str], None],
+    confirm: int,
+) -> dict:
+    """One path's result at its first probe, with "capacity": the search, and the baseline at the capacity.
+
+    A probe that fails (a crashed rank, a lost producer) is run once more; a second failure is raised.
+    """
+    towers, preset_rate = cfg.num_gpus, cfg.emulation["images_per_sec"]
+    first: dict = {}
+
+    def probe(rate: float) -> dict:
+        c = probe_config(cfg, rate, batch_given)
+        try:
+            r = run_path(c, path)
+        except ConfigError:
+            raise
+        except FeedbenchError as e:
+            why = str(e).removeprefix(f"{path}: ")
+            log(f"  {path}: the probe at {rate_text(rate * towers)} img/s failed ({why}); running it once more")
+            r = run_path(c, path)
+        log(
+            f"  {path}: demand {rate_text(rate * towers)} img/s ({rate_text(rate)} per device) -> "
+            f"{rate_text(r['images_per_sec']['median'])} img/s"
+        )
+        if not first:
+            first.update(r)
+        return r
+
+    found = CapacitySearch(towers, probe, baseline, confirm=confirm).run(preset_rate)
+    if found["rate_per_device"] is not None:
+        at = run_path(probe_config(cfg, found["rate_per_device"], batch_given), BASELINE)
+        found["baseline_at_capacity"] = at["images_per_sec"]["median"]
+        found["ratio_at_capacity"] = (found["achieved_images_per_sec"] or 0) / found["baseline_at_capacity"]
+    found["devices"] = found["images_per_sec"] / preset_rate if found["images_per_sec"] else 0.0
+    found["device"] = cfg.emulation["device"]
+    found["device_images_per_sec"] = preset_rate
+    return {**first, "capacity": found}
 
 
 def _mark_overlaps(results: dict[str, dict]) -> None:
@@ -187,7 +225,13 @@ def table(results: dict[str, dict]) -> str:
         headers=["input path", "capacity img/s", "interval", f"emulated {device}s", "probes", "bracket per device"],
         disable_numparse=True,
     )
-    return "\n".join([text, *overlap_lines(results)])
+    return "\n".join([text, *overlap_lines(results), *failed_lines(results)])
+
+
+def failed_lines(results: dict[str, dict]) -> list[str]:
+    """One line per path whose probes failed (twice): no capacity for it, the others are kept."""
+    failed = ((results.get(BASELINE) or {}).get("capacity") or {}).get("failed") or {}
+    return [f"{p}: no capacity, its probe failed twice: {why.removeprefix(f'{p}: ')}" for p, why in failed.items()]
 
 
 def _bracket(lo: float | None, hi: float | None) -> str:
