@@ -1,9 +1,11 @@
 """--find-capacity: run the capacity search (profiler/capacity.py) for every path of a run.
 
 Framework-neutral: the trainer's `run_path(cfg, path)` is passed in. Each
-probe is a short run (a few warm-up steps and one timed window) with the
-emulated rate per device set to the probed rate; without --batch, the batch
-follows the rate so that a step lasts about the same time at every rate.
+probe is a short run (a warm-up of at least 3 s at the probed demand, so a
+path's slow start is not what is measured, then one timed window of at least
+1.5 s) with the emulated rate per device set to the probed rate; without
+--batch, the batch follows the rate so that a step lasts about the same time
+at every rate.
 The gpu baseline is measured at the preset's rate (twice, the better run
 counts) and at each path's
 capacity; between those, its efficiency (achieved / set rate) is taken as
@@ -22,6 +24,7 @@ table says which paths' intervals overlap: those this run cannot rank.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -31,6 +34,12 @@ from core.errors import ConfigError, FeedbenchError
 from profiler.capacity import CONFIRM, CapacitySearch, overlap
 
 PROBE_STEPS = {"warmup_steps": 8, "steps": 20, "repeats": 1}
+# A probe measures the path at the demand, not its start-up: the warm-up lasts at least this long at the
+# demand's step time, and so does the timed window (a batch that follows the rate makes these a few dozen
+# steps; a given --batch at a high rate makes them more, up to MAX_PROBE_STEPS).
+PROBE_WARMUP_S = 3.0
+PROBE_WINDOW_S = 1.5
+MAX_PROBE_STEPS = 500
 LOW_EFFICIENCY = 0.5  # below this share of the set rate, the machine, not the path, limits the baseline
 
 
@@ -42,15 +51,24 @@ def probe_config(cfg: BenchConfig, rate: float, batch_given: bool) -> BenchConfi
     # backlog drained inside the measured window would read as a rate it cannot sustain, so the warm-up
     # takes at least that many batches.
     queued = cfg.producers * max(1, cfg.producer_workers) * 2 * cfg.hwm + cfg.hwm + cfg.num_gpus
-    steps = {**PROBE_STEPS, "warmup_steps": max(PROBE_STEPS["warmup_steps"], -(-queued // max(1, cfg.num_gpus)) + 2)}
+    batch = cfg.batch if batch_given else emulated_batch(rate)
+    # A slow start (workers spinning up, caches filling) passes inside the warm-up: it lasts PROBE_WARMUP_S
+    # at the demand (longer where the path is slower), the window PROBE_WINDOW_S.
+    step_s = batch / rate
+    warmup = max(
+        PROBE_STEPS["warmup_steps"], -(-queued // max(1, cfg.num_gpus)) + 2, math.ceil(PROBE_WARMUP_S / step_s)
+    )
+    steps = max(PROBE_STEPS["steps"], math.ceil(PROBE_WINDOW_S / step_s))
     return replace(
         cfg,
         emulate_rate=rate,
         emulation=emulation,
-        batch=cfg.batch if batch_given else emulated_batch(rate),
+        batch=batch,
         json_path=None,
         profile_dir=None,
-        **steps,
+        warmup_steps=min(warmup, MAX_PROBE_STEPS),
+        steps=min(steps, MAX_PROBE_STEPS),
+        repeats=PROBE_STEPS["repeats"],
     )
 
 

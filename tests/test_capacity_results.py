@@ -14,13 +14,15 @@ import os
 import pytest
 
 from core.config import BASELINE, BenchConfig, apply_defaults
-from runner.capacity import find_capacities, table
+from runner.capacity import find_capacities, probe_config, table
 from tests.test_loader import finish, start
 from tests.test_uncertainty import agrees_with_its_probes
 
 pytestmark = pytest.mark.timeout(600)
 
 BAD = """
+import time
+
 import numpy as np
 
 
@@ -28,6 +30,16 @@ def raises_on_10th():
     for i in range(100):
         if i == 9:
             raise ValueError("corrupt record 9")
+        yield np.zeros((8, 16, 16, 3), np.uint8), np.zeros(8, np.int64)
+
+
+def slow_start():
+    # Its first 40 batches take 0.1 s each (workers spinning up, caches filling); then it is fast.
+    i = 0
+    while True:
+        if i < 40:
+            time.sleep(0.1)
+        i += 1
         yield np.zeros((8, 16, 16, 3), np.uint8), np.zeros(8, np.int64)
 """
 QUICK = ["--emulate-rate", "2000", "--num-gpus", "1", "--image-size", "16", "--batch", "8"]
@@ -38,6 +50,21 @@ def bad(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("loaders") / "bad_loader.py"
     path.write_text(BAD)
     return f"{path}:raises_on_10th"
+
+
+@pytest.mark.timing
+def test_a_probe_measures_the_path_at_its_demand_not_its_slow_start(bad):
+    """Two producers, each slow for its first 40 batches (4 s), then far faster than the demand (400 img/s):
+    a probe at 400 img/s must see the path keep up, not the 160 img/s of its start."""
+    from tf_trainer.run import run_path
+
+    cfg = BenchConfig(
+        model="emulated", emulate_rate=400.0, num_gpus=1, image_size=16, batch=8,
+        paths=[BASELINE, "zmq-consume"], producer_kind="loader", loader=bad.replace(":raises_on_10th", ":slow_start"),
+    )  # fmt: skip
+    apply_defaults(cfg, gpus=0)
+    r = run_path(probe_config(cfg, 400.0, batch_given=True), "zmq-consume", has_gpu=False)
+    assert r["images_per_sec"]["median"] >= 0.8 * 400, r["images_per_sec"]
 
 
 def test_a_path_whose_probes_crash_leaves_the_other_paths_capacity(bad):

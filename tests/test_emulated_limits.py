@@ -15,6 +15,7 @@ import pytest
 
 from core.emulate import rate_text
 from tests.conftest import ROOT
+from tests.test_uncertainty import agrees_with_its_probes
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -47,6 +48,7 @@ def test_a_capacity_never_exceeds_what_a_probe_delivered(tmp_path):
     cap = json.loads(out.read_text())["capacity"]["cpu"]
     delivered = max(p["images_per_sec"] for p in cap["probes"])
     assert cap["images_per_sec"] is None or cap["images_per_sec"] <= delivered, (cap["images_per_sec"], delivered)
+    assert agrees_with_its_probes(cap, 1) == [], cap["probes"]
     assert "each capacity is at most what its probes delivered" in r.stdout
     # Rates are printed readably: thousands separated, no 12-digit runs, in the search and its table.
     out_lines = r.stdout.splitlines()
