@@ -4,8 +4,8 @@ A decode figure measured on files the kernel already holds in memory leaves
 out the storage reads a first epoch (or a dataset larger than memory) pays.
 `drop_pages` asks the kernel to forget each file's cached pages
 (`posix_fadvise(POSIX_FADV_DONTNEED)`); the files are opened read-only and
-left unchanged. Pages of a file some process has mapped, or that are dirty,
-stay; `resident_share` tells how much of a set is still in memory
+left unchanged. Dirty pages are written back first; pages of a file some process has
+mapped stay; `resident_share` tells how much of a set is still in memory
 (`mincore`), so a report can say how cold the run really was.
 """
 
@@ -37,6 +37,7 @@ def drop_pages(paths: Iterable[str | Path]) -> int:
             continue
         try:
             total += os.fstat(fd).st_size
+            os.fdatasync(fd)  # pages not yet written back (a freshly made dataset) cannot be dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

@@ -226,6 +226,8 @@ def _decode_roi(fast: bool) -> Callable[[bytes, random.Random, np.ndarray], None
 
     def decode(data: bytes, rng: random.Random, out: np.ndarray) -> None:
         t0 = time.thread_time()
+        if not data.startswith(b"\xff\xd8"):
+            _open_jpeg(data)  # says what the file is instead ("not a JPEG but PNG")
         dec = RoiDecoder.for_thread()
         hd = dec.header(data)
         top, left, h, w = random_resized_crop_box(hd.height, hd.width, rng)
@@ -355,7 +357,9 @@ class DecodeSource:
     seed: int = 0
     on_bad_file: str = "skip"  # or "fail"
     decoder: str = DEFAULT_DECODER
-    fallback: bool = True  # give JPEGs the fast stack rejects (CMYK, say) a second chance in Pillow
+    # Give JPEGs the fast stack rejects (CMYK, say) a second chance in Pillow. Not for the ROI decoder: it reads
+    # CMYK itself, and Pillow would decode a file it refused for its size without bounding memory.
+    fallback: bool = True
     # One slot per worker: bad files so far, read by the parent for its final report.
     bad_counts: Any = field(default=None, compare=False, repr=False)
 
@@ -379,7 +383,7 @@ class DecodeSource:
         if self.decoder.startswith("roi"):
             library()  # a failed build stops the worker here, not as every file counted bad
         decode = DECODERS[self.decoder]
-        if self.fallback:
+        if self.fallback and not self.decoder.startswith("roi"):  # the ROI decoder reads CMYK itself
             decode = _decode_with_pillow_fallback(decode)
         rng = random.Random(f"{self.seed}/{worker}")  # augmentation: different in every worker
         # A fixed shard per worker (every workers-th file), reshuffled every epoch: each file has one

@@ -157,6 +157,18 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
   if (y0 < 0 || x0 < 0 || y1 <= y0 || x1 <= x0 || (JDIMENSION)y1 > ci->output_height ||
       (JDIMENSION)x1 > ci->output_width)
     return fail(ctx, "crop box outside the scaled image");
+  if (ci->progressive_mode || ci->buffered_image) {
+    /* all of a progressive file's coefficients are held at once: 128 bytes per 8x8 block */
+    double need = 0;
+    for (int i = 0; i < ci->num_components; i++)
+      need += 128.0 * ci->comp_info[i].width_in_blocks * ci->comp_info[i].height_in_blocks;
+    if (need > ROI_MAX_MEMORY) {
+      snprintf(ctx->message, sizeof(ctx->message),
+               "progressive JPEG of %ux%u needs %.0f MiB for its coefficients, over the %ld MiB bound",
+               ci->image_width, ci->image_height, need / (1 << 20), ROI_MAX_MEMORY >> 20);
+      return fail(ctx, NULL);
+    }
+  }
   jpeg_start_decompress(ci); /* a progressive file is entropy-decoded whole here */
   JDIMENSION xoff = (JDIMENSION)x0, width = (JDIMENSION)(x1 - x0);
   if (width < ci->output_width) jpeg_crop_scanline(ci, &xoff, &width);

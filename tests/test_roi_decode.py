@@ -1,0 +1,278 @@
+"""The ROI JPEG decoder: same pixels as a full decode, same crops as the old decoder, odd and hostile files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy import stats
+
+from consumers.zmq_pull import PullConsumer
+from producers import decode
+from producers.cold_cache import drop_pages, resident_share
+from producers.commands import producer_command
+from producers.dataset import make_dataset, make_imagenet_like
+from producers.decode import DecodeSource
+from producers.jpeg_roi import MAX_CROP_PIXELS, RoiDecodeError, RoiDecoder, max_memory
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("photos")
+    make_dataset(root, classes=2, per_class=4, seed=5)
+    return root
+
+
+@pytest.fixture(scope="module")
+def imagenet_like(tmp_path_factory) -> Path:
+    """30 files: every odd kind of the ImageNet-like set is among them."""
+    root = tmp_path_factory.mktemp("inet")
+    make_imagenet_like(root, classes=2, per_class=15, seed=2)
+    return root
+
+
+def gradient_jpeg(path: Path, width: int, height: int, **save) -> None:
+    """Red rises left to right, green top to bottom: a crop's place can be read off its pixels."""
+    x = np.linspace(0, 255, width)[None, :].repeat(height, 0)
+    y = np.linspace(0, 255, height)[:, None].repeat(width, 1)
+    img = np.stack([x, y, np.full_like(x, 128)], axis=-1).astype(np.uint8)
+    Image.fromarray(img).save(path, "JPEG", quality=95, **save)
+
+
+@pytest.fixture(scope="module")
+def gradients(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("gradients")
+    sizes = [(500, 375), (375, 500), (500, 333), (640, 480), (1100, 800), (300, 220)]
+    for c in range(2):
+        (root / f"c{c}").mkdir()
+        for k, (w, h) in enumerate(sizes):
+            gradient_jpeg(root / f"c{c}" / f"g{k}.JPEG", w, h, subsampling=2 * (k % 2))
+    return root
+
+
+def full_then_roi(dec: RoiDecoder, data: bytes, denom: int, rows, cols, fast: bool) -> tuple[np.ndarray, np.ndarray]:
+    hd = dec.header(data)
+    whole = dec.decode(denom, (0, -(-hd.height // denom)), (0, -(-hd.width // denom)), fast).copy()
+    dec.header(data)
+    roi = dec.decode(denom, rows, cols, fast).copy()
+    return whole, roi
+
+
+@pytest.mark.parametrize("denom", [1, 2, 4, 8])
+def test_roi_decode_is_the_full_decode_cut(photos, denom):
+    dec = RoiDecoder()
+    for f in sorted(photos.rglob("*.JPEG")):
+        data = f.read_bytes()
+        hd = dec.header(data)
+        h, w = -(-hd.height // denom), -(-hd.width // denom)
+        rows, cols = (h // 5, h // 5 + h // 2), (w // 3 + 1, w // 3 + 1 + w // 2)
+        whole, roi = full_then_roi(dec, data, denom, rows, cols, fast=True)
+        assert roi.shape == (rows[1] - rows[0], cols[1] - cols[0], 3)
+        np.testing.assert_array_equal(roi, whole[rows[0] : rows[1], cols[0] : cols[1]], err_msg=f.name)
+
+
+def test_exact_mode_roi_stays_within_a_step_of_the_full_decode(photos):
+    # Fancy upsampling may differ at the cropped edge by a rounding step; nothing more.
+    dec = RoiDecoder()
+    data = sorted(photos.rglob("*.JPEG"))[0].read_bytes()
+    whole, roi = full_then_roi(dec, data, 1, (33, 200), (101, 300), fast=False)
+    diff = np.abs(roi.astype(int) - whole[33:200, 101:300].astype(int))
+    assert diff.max() <= 3 and diff.mean() < 0.05
+
+
+def crop_places(root: Path, decoder: str, seed: int, batches: int = 8) -> np.ndarray:
+    """(centre x, centre y, width share, height share, flipped) of each output image, read off its gradients."""
+    source = DecodeSource(str(root), None, batch=24, image_size=64, seed=seed, decoder=decoder, fallback=False)
+    it = source(0)
+    rows = []
+    for _ in range(batches):
+        images, _ = next(it)
+        for img in images.astype(np.float64) / 255:
+            red, green = img[..., 0], img[..., 1]
+            flipped = red[:, -8:].mean() < red[:, :8].mean()
+            rows.append([red.mean(), green.mean(), np.ptp(red.mean(0)), np.ptp(green.mean(1)), flipped])
+    return np.array(rows)
+
+
+def test_roi_crops_are_the_old_decoders_crops(gradients):
+    old, new = crop_places(gradients, "simplejpeg", seed=3), crop_places(gradients, "roi", seed=3)
+    # Same seed, same draws: every image shows the same place of its file, flipped the same way.
+    np.testing.assert_array_equal(old[:, 4], new[:, 4])
+    assert np.abs(old[:, :4] - new[:, :4]).max() < 0.03
+
+
+def test_roi_crops_follow_the_old_decoders_distribution(gradients):
+    old, new = crop_places(gradients, "simplejpeg", seed=11), crop_places(gradients, "roi", seed=12)
+    for k, what in enumerate(["centre x", "centre y", "width share", "height share", "flip"]):
+        p = stats.ks_2samp(old[:, k], new[:, k]).pvalue
+        assert p > 0.01, f"{what}: the ROI decoder's crops differ in distribution (KS p={p:.4f})"
+    assert 0.35 < new[:, 4].mean() < 0.65
+
+
+def test_every_odd_file_is_decoded_or_named_bad(imagenet_like):
+    manifest = json.loads((imagenet_like / "MANIFEST.json").read_text())
+    kinds = {v["kind"] for v in manifest.values()}
+    assert kinds == {"plain", "grayscale", "progressive", "cmyk", "png"}
+    out = np.empty((64, 64, 3), np.uint8)
+    for name, info in manifest.items():
+        data = (imagenet_like / name).read_bytes()
+        if info["kind"] == "png":
+            with pytest.raises(decode.NotJpegError, match="not a JPEG but PNG"):
+                decode.DECODERS["roi"](data, random.Random(0), out)
+            continue
+        decode.DECODERS["roi"](data, random.Random(0), out)
+        assert out.std() > 3, f"{name} ({info['kind']}) decoded to a blank image"
+        if info["kind"] == "grayscale":
+            assert (out[..., 0] == out[..., 1]).all() and (out[..., 1] == out[..., 2]).all()
+
+
+def test_cmyk_file_matches_pillows_colours(tmp_path):
+    path = tmp_path / "cmyk.jpg"
+    gradient_jpeg(path, 200, 150)
+    Image.open(path).convert("CMYK").save(path, "JPEG", quality=95)
+    data = path.read_bytes()
+    ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    dec = RoiDecoder()
+    assert dec.header(data).colour_space == "CMYK"
+    got = dec.decode(1, (0, 150), (0, 200), fast=False)
+    assert np.abs(got.astype(int) - ref.astype(int)).max() <= 2
+
+
+def test_producer_counts_the_png_as_bad_with_its_reason(procs, ipc_dir, imagenet_like):
+    endpoint = f"ipc://{ipc_dir}/feed"
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        cmd = producer_command("decode", endpoint, 8, 64, str(imagenet_like), 1, count=8)
+        p = procs.start(*cmd[1:])
+        batches = [c.recv() for _ in range(8)]  # 64 images from 29 good files: every file is tried
+    assert p.wait(60) == 0, p.stderr.read()
+    err = p.stderr.read()
+    png = next(k for k, v in json.loads((imagenet_like / "MANIFEST.json").read_text()).items() if v["kind"] == "png")
+    assert batches[-1].header.extras["bad_files"] == 1
+    assert f"{png}: not a JPEG but PNG" in err, err
+    stages = batches[-1].header.extras["stage_ms"]
+    assert set(stages) <= set(decode.STAGES) and stages["rows"] > 0 and stages["resize"] > 0
+
+
+def test_truncated_and_corrupt_files_are_refused_with_the_reason(photos):
+    data = sorted(photos.rglob("*.JPEG"))[0].read_bytes()
+    dec = RoiDecoder()
+    hd = dec.header(data)
+    dec.header(data[: len(data) // 2])
+    with pytest.raises(RoiDecodeError, match="Premature end"):
+        dec.decode(1, (0, hd.height), (0, hd.width))
+    corrupt = bytearray(data)
+    corrupt[len(data) // 2 : len(data) // 2 + 64] = b"\xff\x00" * 32
+    corrupt[len(data) // 3 : len(data) // 3 + 8] = b"\xff\xd9\xff\xd9\x00\x00\xff\xc4"
+    dec.header(bytes(corrupt))
+    with pytest.raises(RoiDecodeError):
+        dec.decode(1, (0, hd.height), (0, hd.width))
+    with pytest.raises(RoiDecodeError, match="not a JPEG"):
+        dec.header(b"GIF89a" + data)
+    # The context is fine afterwards.
+    dec.header(data)
+    assert dec.decode(2, (0, 10), (0, 10)).shape == (10, 10, 3)
+
+
+@pytest.fixture(scope="module")
+def huge(tmp_path_factory) -> Path:
+    """A 16384x16384 baseline JPEG and a 12000x12000 progressive one (grey: small files, quick to make)."""
+    root = tmp_path_factory.mktemp("huge")
+    img = Image.linear_gradient("L").resize((16384, 16384), Image.Resampling.NEAREST)
+    img.save(root / "16k.jpg", "JPEG", quality=80)
+    img.resize((12000, 12000), Image.Resampling.NEAREST).save(root / "12k-progressive.jpg", "JPEG", progressive=True)
+    return root
+
+
+def test_16k_file_is_decoded_with_bounded_memory(procs, huge):
+    # In a fresh process: its peak resident memory shows what decoding the file cost.
+    script = (
+        "import random, resource, sys, numpy as np\n"
+        "from producers.decode import DECODERS\n"
+        "data = open(sys.argv[1], 'rb').read(); out = np.empty((224, 224, 3), np.uint8)\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "rng = random.Random(0)\n"
+        "for _ in range(int(sys.argv[2])): DECODERS['roi'](data, rng, out)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, int(out.std() > 1))\n"
+    )
+    p = procs.start("-c", script, str(huge / "16k.jpg"), "4")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    grown_kib, varied = map(int, out.split())
+    # A full decode would need 768 MiB for its RGB output alone.
+    assert grown_kib < 160 * 1024, f"decoding a 16k x 16k file grew the process by {grown_kib // 1024} MiB"
+    assert varied
+
+
+def test_progressive_file_beyond_the_memory_bound_is_refused(huge):
+    dec = RoiDecoder()
+    data = (huge / "12k-progressive.jpg").read_bytes()
+    hd = dec.header(data)
+    assert hd.progressive and (hd.width, hd.height) == (12000, 12000)
+    with pytest.raises(RoiDecodeError, match=f"12000x12000 needs .* over the {max_memory() >> 20} MiB bound"):
+        dec.decode(8, (0, 100), (0, 100))
+
+
+def test_crop_beyond_the_buffer_bound_is_refused(huge):
+    dec = RoiDecoder()
+    dec.header((huge / "16k.jpg").read_bytes())
+    with pytest.raises(RoiDecodeError, match=f"over the {MAX_CROP_PIXELS >> 20} Mpixel bound"):
+        dec.decode(1, (0, 16384), (0, 16384))
+
+
+def test_producer_skips_the_refused_file_and_decodes_the_huge_one(procs, ipc_dir, tmp_path, huge, photos):
+    data = tmp_path / "ds"
+    shutil.copytree(photos / "n00000000", data / "a")
+    shutil.copy(huge / "16k.jpg", data / "a" / "16k.jpg")
+    shutil.copy(huge / "12k-progressive.jpg", data / "a" / "12k-progressive.jpg")
+    endpoint = f"ipc://{ipc_dir}/feed"
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        p = procs.start(*producer_command("decode", endpoint, 6, 64, str(data), 1, count=3)[1:])
+        batches = [c.recv() for _ in range(3)]
+    assert p.wait(60) == 0
+    assert batches[-1].header.extras["bad_files"] == 1
+    assert "12k-progressive.jpg: progressive JPEG of 12000x12000 needs" in p.stderr.read()
+
+
+def on_tmpfs(path: Path) -> bool:
+    """Whether `path` is on a tmpfs (whose pages cannot be dropped: they are the file)."""
+    best, fstype = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mount, kind = line.split()[1], line.split()[2]
+        if str(path).startswith(mount) and len(mount) > len(best):
+            best, fstype = mount, kind
+    return fstype == "tmpfs"
+
+
+def test_cold_cache_drops_pages_and_leaves_files_unchanged(photos):
+    files = sorted(photos.rglob("*.JPEG"))
+    before = {f: (f.read_bytes(), os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in files}
+    assert resident_share(files) == 1.0  # just read
+    assert drop_pages(files) == sum(v[2] for v in before.values())
+    if not on_tmpfs(photos):
+        assert resident_share(files) == 0.0
+    for f, (blob, mtime, _) in before.items():
+        assert os.stat(f).st_mtime_ns == mtime and f.read_bytes() == blob
+
+
+def test_producer_cold_cache_run_delivers_and_changes_nothing(procs, ipc_dir, photos):
+    files = sorted(photos.rglob("*.JPEG"))
+    before = {f: (f.read_bytes(), os.stat(f).st_mtime_ns) for f in files}
+    endpoint = f"ipc://{ipc_dir}/feed"
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        p = procs.start(
+            *producer_command("decode", endpoint, 4, 64, str(photos), 1, count=2, extra=["--cold-cache"])[1:]
+        )
+        batches = [c.recv() for _ in range(2)]
+    assert p.wait(60) == 0, p.stderr.read()
+    assert all(b.arrays[0].std() > 5 for b in batches)
+    assert "read" in batches[-1].header.extras["stage_ms"]
+    assert {f: (f.read_bytes(), os.stat(f).st_mtime_ns) for f in files} == before
