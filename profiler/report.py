@@ -10,7 +10,7 @@ from tabulate import tabulate
 from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
-from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, uncertainty
+from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, drift_words, uncertainty
 
 SCHEMA_VERSION = 2  # of every JSON feedbench writes (--json, --out, --sweep); docs/results.schema.json
 
@@ -81,11 +81,11 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
     text = tabulate(rows, headers=headers, disable_numparse=True)
     pairs = {(r.get("uncertainty") or {}).get("ratio_method") for r in results.values()} - {None}
     foot = f"intervals: {'; '.join(methods)}" + (f"; ratios: {', '.join(sorted(pairs))}" if pairs else "")
-    drift = max(((r.get("uncertainty") or {}).get("drift") or 1.0) for r in results.values())
-    if drift > 1.0:
+    drifted = [u for r in results.values() if (u := r.get("uncertainty") or {}).get("drift")]
+    if drifted:
         foot += (
-            f"\nthe baseline is the ceiling, yet a path ran {drift:.2f}x its rate: the load changed between the "
-            "runs, and every ratio's interval is widened by that factor"
+            f"\nthe load changed between the runs: {drift_words(drifted[0])} (by its interval's low end), so "
+            f"every ratio's interval is widened by that factor (x{drifted[0]['drift']:.3g})"
         )
     if any((r.get("uncertainty") or {}).get("within_noise") for r in results.values()):
         foot += f"\n{WITHIN_NOISE!r}: the ratio's interval holds 1.0; the run cannot tell that path from the baseline"

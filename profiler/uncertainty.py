@@ -177,6 +177,7 @@ def uncertainty(result: dict, baseline: dict | None, is_baseline: bool = False) 
         "method": method_words(len(w)),
         "windows": len(w),
         "steps_per_window": steps,
+        "step_s": ((result.get("step_time_ms") or {}).get("p50") or 0) / 1000 or None,  # the cost of more windows
         "confidence": conf,
         "images_per_sec": [lo, hi],
         "spread": (max(w) - min(w)) / med if med > 0 else None,
@@ -227,12 +228,12 @@ def apply_ceiling(blocks: dict[str, dict]) -> float:
     `blocks`: path -> its `uncertainty` block (the baseline's included), changed in place.
     """
     sequential = {p: u for p, u in blocks.items() if u.get("ratio") and "alternating" not in u["ratio_method"]}
-    drift = max((u["ratio"][0] for u in sequential.values()), default=1.0)
+    above, drift = max(((p, u["ratio"][0]) for p, u in sequential.items()), key=lambda x: x[1], default=(None, 1.0))
     if drift <= 1.0:
         return 1.0
     for u in sequential.values():  # a ratio from alternating runs saw the same load on both sides
         lo, hi = u["ratio"][0] / drift, u["ratio"][1] * drift
-        u.update(ratio=[lo, hi], drift=drift, windows_needed=None, within_noise=lo <= 1.0 <= hi)
+        u.update(ratio=[lo, hi], drift=drift, drift_from=above, windows_needed=None, within_noise=lo <= 1.0 <= hi)
         u["ratio_method"] = f"{u['ratio_method']}, widened by the drift between runs (x{drift:.2f})"
         u["reading"] = WITHIN_NOISE if u["within_noise"] else "slower than baseline"
     return drift
@@ -242,10 +243,32 @@ def too_short_words(u: dict | None) -> str | None:
     """`run too short to tell: 12 windows of 4 steps would be needed`, or None when it need not be said."""
     if u and u.get("within_noise") and u.get("drift"):
         return (
-            f"the machine's load changed between the runs (a path ran {u['drift']:.2f}x the on-device baseline, "
-            "which is the ceiling): more windows would not tell; a quieter machine or --interleave N would"
+            f"the machine's load changed between the runs ({drift_words(u)}): more windows would not tell; "
+            "a quieter machine or --interleave N would"
         )
     if not u or not u.get("within_noise") or not u.get("windows_needed"):
         return None
     steps = f" of {u['steps_per_window']} steps" if u.get("steps_per_window") else ""
-    return f"run too short to tell: {u['windows_needed']} windows{steps} would be needed (--repeats)"
+    n = u["windows_needed"]
+    words = f"run too short to tell: {n} windows{steps} would be needed"
+    if u.get("step_s") and u.get("steps_per_window"):  # what that costs in time, and whether it is worth it
+        minutes = n * u["steps_per_window"] * u["step_s"] / 60
+        words += f", about {_duration(minutes)} for this path"
+        if minutes > WORTH_MINUTES:
+            return f"{words}; not worth it: the difference is too small to matter, or run --interleave N on a quieter machine"
+    return f"{words} (--repeats)"
+
+
+WORTH_MINUTES = 30  # past this, more windows to tell a path from the baseline is not advised
+
+
+def _duration(minutes: float) -> str:
+    return (
+        f"{minutes * 60:.0f} s" if minutes < 1 else f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.0f} h"
+    )
+
+
+def drift_words(u: dict) -> str:
+    """`python-queue ran at least 1.003x the on-device baseline, which is the ceiling`: the drift, and its path."""
+    who = u.get("drift_from") or "a path"
+    return f"{who} ran at least {u['drift']:.3g}x the on-device baseline, which is the ceiling"

@@ -208,6 +208,9 @@ def test_a_path_above_the_ceiling_widens_every_ratio_by_the_drift_it_proves():
         assert rs[path]["verdict"]["level"] == WITHIN_NOISE
         assert "load changed between the runs" in rs[path]["verdict"]["advice"]
     assert "widened by that factor" in table(rs, 2, False)
+    # It names the path that proved the drift, with its own figure, not "a path ran 1.00x".
+    assert rs["cpu"]["uncertainty"]["drift_from"] == "python-dataset"
+    assert f"python-dataset ran at least {11.696 / 4.126:.3g}x the on-device baseline" in table(rs, 2, False)
     assert cpu_caveat(rs, has_gpu=False, model="resnet50")
     # A path clearly below the baseline stays a finding when the drift is smaller than its gap.
     rs["slow"] = result([0.5, 0.52, 0.51])
@@ -255,6 +258,13 @@ def test_too_short_words_name_windows_and_steps():
     u = {"within_noise": True, "windows_needed": 12, "steps_per_window": 4}
     assert too_short_words(u) == "run too short to tell: 12 windows of 4 steps would be needed (--repeats)"
     assert too_short_words({**u, "within_noise": False}) is None
+    # With the step time known, it says what the windows would cost, and when that is not worth it.
+    assert too_short_words({**u, "step_s": 0.5}) == (
+        "run too short to tell: 12 windows of 4 steps would be needed, about 24 s for this path (--repeats)"
+    )
+    far = too_short_words({**u, "windows_needed": 667, "step_s": 1.0})
+    assert far.startswith("run too short to tell: 667 windows of 4 steps would be needed, about 44 min for this path; ")
+    assert "not worth it" in far
 
 
 # --- capacity with its interval -----------------------------------------------------------------------
