@@ -261,6 +261,11 @@ def _trainer_limits(
         )
     faster = FASTER_STEP.get(framework, FASTER_STEP[None])
     advice = f"the input keeps up: a faster model step ({faster}) is what would help"
+    if (result.get("emulated") or {}).get("emulated"):  # the step's rate is fixed: fp16 or XLA change nothing
+        advice = (
+            "the input keeps up with the emulated devices' fixed rate: ask more of it (more devices, a higher "
+            "--emulate-rate, or --find-capacity) to see where it stops keeping up"
+        )
     if baseline_ips:
         evidence.append(f"{ips:.0f} img/s against {baseline_ips:.0f} img/s with on-device data")
         if _clearly_below(result, ips, baseline_ips):

@@ -187,6 +187,10 @@ def test_advice_for_a_faster_step_follows_the_framework():
         assert ("XLA" in v["advice"]) == xla, (fw, v["advice"])
     assert "XLA" not in verdict("zmq-consume", {**same, "framework": "torch"}, 100.0)["advice"]
     del base
+    # An emulated device steps at a fixed rate: fp16 or XLA would change nothing there.
+    emulated = {**same, "emulated": {"emulated": True, "device": "H100", "images_per_sec": 7000.0, "source": "x"}}
+    advice = verdict("zmq-consume", emulated, 100.0, framework="tf")["advice"]
+    assert "fp16" not in advice and "XLA" not in advice and "emulated devices' fixed rate" in advice, advice
 
 
 def test_a_path_above_the_ceiling_widens_every_ratio_by_the_drift_it_proves():
