@@ -141,7 +141,7 @@ def cuda_host_register(cudart: Any = None, device: int | None = None) -> Any:
         cudart = torch.cuda.cudart()
         select = torch.cuda.set_device  # cudaSetDevice on the calling thread
     else:
-        select = cudart.cudaSetDevice
+        select = cudart.cudaSetDevice if device is not None else None
 
     def on_region(base: int, size: int, mapped: bool) -> None:
         if device is not None:

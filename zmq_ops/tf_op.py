@@ -22,6 +22,7 @@ from zmq_ops.build import library_path  # noqa: E402
 __all__ = [
     "ZMQDataset",
     "ZMQPullSocket",
+    "cuda_regions",
     "dataset",
     "dump_arrays",
     "zmq_connection",
@@ -51,6 +52,18 @@ def zero_copy_default() -> bool:
 
 
 _ops = _load_library()
+
+
+def cuda_regions() -> dict[str, int]:
+    """shm:// regions this process registered with CUDA so far, and those CUDA refused (copied from pageable
+    memory): {"registered": n, "refused": m}. Both 0 where TensorFlow loaded no CUDA runtime."""
+    import ctypes
+
+    out = (ctypes.c_int64 * 2)()
+    ctypes.CDLL(str(library_path())).fb_tf_cuda_regions(out)
+    return {"registered": int(out[0]), "refused": int(out[1])}
+
+
 zmq_connection = _ops.zmq_connection
 zmq_pull = _ops.zmq_pull
 zmq_connection_stats = _ops.zmq_connection_stats

@@ -135,4 +135,11 @@ class ZmqConsume(TFInputPath):
         fields = {"producers": self.stats.producers, "batches_pulled": self.stats.messages}
         if self.source.socket is not None:  # over shm://: whether the op's tensors were the slots or copies
             fields["zero_copy"] = self.source.socket.zero_copy
+            if self.source.socket.zero_copy:  # registered with CUDA where TensorFlow has a GPU: say what happened
+                from zmq_ops.tf_op import cuda_regions
+
+                regions = cuda_regions()
+                if regions["registered"] or regions["refused"]:
+                    fields["cuda_regions"] = regions
+                    fields["zero_copy"] = regions["refused"] == 0
         return fields

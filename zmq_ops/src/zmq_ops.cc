@@ -165,8 +165,13 @@ class ZmqPullOp : public AsyncOpKernel {
         ctx->set_output(static_cast<int>(i), slot_tensor);
         continue;
       }
+      // Pinned host memory where TensorFlow has a GPU (its GPU-compatible host allocator), so the copy to a
+      // tower's GPU is a DMA from it, not staged through a bounce buffer; plain host memory without one.
+      tensorflow::AllocatorAttributes pinned;
+      pinned.set_on_host(true);
+      pinned.set_gpu_compatible(true);
       Tensor* out = nullptr;
-      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), shape, &out));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), shape, &out, pinned));
       if (t.nbytes == 0) continue;
       char* dst = static_cast<char*>(out->data());
       if (types_[i] == tensorflow::DT_BOOL) {
