@@ -87,6 +87,14 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
         started, results = run_paths(plugin, cap, gpus, batch_given=False)
         report(plugin, cap, results, os.path.join(out, "capacity") if out else None, started, gpus)
         code = max(code, _failed(results))
+        if cap.transport != "shm" and "zmq-consume" in cap.paths:  # the same-host answer, beside ipc's
+            shm = replace(cap, transport="shm", paths=[BASELINE, "zmq-consume"])
+            if shm.json_path:
+                shm.json_path = shm.json_path.removesuffix("-capacity.json") + "-capacity-shm.json"
+            print("\nzmq-consume over shared memory (--transport shm), with its own baseline:")
+            started, results = run_paths(plugin, shm, gpus, batch_given=False)
+            report(plugin, shm, results, os.path.join(out, "capacity-shm") if out else None, started, gpus)
+            code = max(code, _failed(results))
     return code
 
 
