@@ -50,8 +50,13 @@ def _interval(r: dict) -> tuple[float, float]:
     return (r["images_per_sec_min"], r["images_per_sec_max"]) if lo is None or hi is None else (lo, hi)
 
 
-def plot_png(rows: list[dict], title: str = "", path_order: list[str] | None = None) -> bytes:
-    """The figure as PNG bytes (the caller writes it atomically)."""
+def plot_png(
+    rows: list[dict], title: str = "", path_order: list[str] | None = None, shared_cores: int | None = None
+) -> bytes:
+    """The figure as PNG bytes (the caller writes it atomically).
+
+    `shared_cores`: the towers were CPU devices sharing this many cores (no GPU): their scaling is the cores'.
+    """
     variants = _variants(rows)
     scaling = _can_scale(rows)
     fig, axes = plt.subplots(
@@ -86,7 +91,7 @@ def plot_png(rows: list[dict], title: str = "", path_order: list[str] | None = N
     # Under the plots (never over a bar), the caption as its title: one artist the layout keeps clear of the rest.
     legend = fig.legend(
         handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=9, frameon=False,
-        title=_caption(rows, scaling) or None, title_fontsize=8,
+        title=_caption(rows, scaling, shared_cores) or None, title_fontsize=8,
     )  # fmt: skip
     legend.get_title().set_color("dimgray")
     if title:
@@ -97,7 +102,7 @@ def plot_png(rows: list[dict], title: str = "", path_order: list[str] | None = N
     return buf.getvalue()
 
 
-def _caption(rows: list[dict], scaling: bool) -> str:
+def _caption(rows: list[dict], scaling: bool, shared_cores: int | None = None) -> str:
     windows = sorted({r["windows"] for r in rows if r.get("windows")})
     words = []
     if windows:
@@ -108,6 +113,11 @@ def _caption(rows: list[dict], scaling: bool) -> str:
         n = ", ".join(str(d) for d in devices)
         words.append(
             f"scaling efficiency not drawn: every point ran on {n} device(s); a sweep with --num-gpus 1,2 draws it"
+        )
+    elif shared_cores and any(not str(r.get("model") or "").startswith("emulated") for r in rows):
+        words.append(
+            f"scaling efficiency of CPU towers sharing this machine's {shared_cores} cores: it shows the cores, "
+            "not the input path"
         )
     return "; ".join(words)
 

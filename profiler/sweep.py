@@ -319,11 +319,13 @@ def write_results(
     from profiler.plot import plot_png
 
     rows = doc["rows"]
+    device = doc.get("device") or {}
+    shared = None if device.get("gpus") else device.get("cpu_cores")  # towers on CPU share the machine's cores
     files = {
         "results.json": json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2),
         "results.csv": to_csv(rows),
         "results.md": to_markdown(rows),
-        "results.png": plot_png(rows, title=doc.get("title", ""), path_order=path_order),
+        "results.png": plot_png(rows, title=doc.get("title", ""), path_order=path_order, shared_cores=shared),
         **(extra or {}),
     }
     return write_keeping_earlier(

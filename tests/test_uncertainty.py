@@ -360,6 +360,11 @@ def test_the_plot_leaves_out_the_scaling_pane_with_one_device_count_and_says_so(
     cpu = next(r for r in rows if r["path"] == "cpu")
     assert cpu["within_noise"] is True and cpu["ratio_lo"] <= 1.0 <= cpu["ratio_hi"]
     assert plot_png(rows)[:8] == b"\x89PNG\r\n\x1a\n"
+    # CPU towers sharing the machine's cores: their scaling efficiency is the cores', and the chart says so.
+    two = rows_of([{"config": config, "paths": rs}, {"config": {**config, "num_gpus": 2}, "paths": rs}])
+    assert _can_scale(two)
+    assert "CPU towers sharing this machine's 2 cores" in _caption(two, True, shared_cores=2)
+    assert "CPU towers" not in _caption(two, True, shared_cores=None)
 
 
 # --- real runs ---------------------------------------------------------------------------------------
