@@ -169,7 +169,14 @@ def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupte
         # "Sent" is all a producer can know: a batch is handed to ZMQ for a connected consumer, which may
         # still drop it (a receive cap, a consumer that closes with batches queued).
         desc = f"{describe or 'producer'} sent"
-        bar = tqdm(total=cfg.count, unit="batch", desc=desc, file=sys.stderr, dynamic_ncols=True)
+        # One rate on the bar: what was sent over the last second (the postfix), not tqdm's own average, which
+        # stays at its last figure while sending is blocked.
+        fmt = (
+            "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+            if cfg.count
+            else "{desc}: {n_fmt} batches [{elapsed}{postfix}]"
+        )
+        bar = tqdm(total=cfg.count, unit="batch", desc=desc, file=sys.stderr, dynamic_ncols=True, bar_format=fmt)
     last_t, last = time.perf_counter(), Counters.totals(shared)
     reported: set[int] = set()
     open_readers = list(readers)
