@@ -25,19 +25,21 @@ from producers.jpeg_roi import MAX_CROP_PIXELS, RoiDecodeError, RoiDecoder, max_
 pytestmark = pytest.mark.timeout(180)
 
 
+def made(tmp_path_factory, make, **kw) -> Path:
+    root = tmp_path_factory.mktemp(make.__name__)
+    make(root, **kw)
+    return root
+
+
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("photos")
-    make_dataset(root, classes=2, per_class=4, seed=5)
-    return root
+    return made(tmp_path_factory, make_dataset, classes=2, per_class=4, seed=5)
 
 
 @pytest.fixture(scope="module")
 def imagenet_like(tmp_path_factory) -> Path:
     """30 files: every odd kind of the ImageNet-like set is among them."""
-    root = tmp_path_factory.mktemp("inet")
-    make_imagenet_like(root, classes=2, per_class=15, seed=2)
-    return root
+    return made(tmp_path_factory, make_imagenet_like, classes=2, per_class=15, seed=2)
 
 
 def gradient_jpeg(path: Path, width: int, height: int, **save) -> None:
@@ -276,3 +278,24 @@ def test_producer_cold_cache_run_delivers_and_changes_nothing(procs, ipc_dir, ph
     assert all(b.arrays[0].std() > 5 for b in batches)
     assert "read" in batches[-1].header.extras["stage_ms"]
     assert {f: (f.read_bytes(), os.stat(f).st_mtime_ns) for f in files} == before
+
+
+def test_one_decoder_reused_over_many_files_and_crops_stays_exact(photos, gradients):
+    # One context per thread decodes file after file, cropped, skipped and abandoned part-way:
+    # nothing of one file's decode may leak into the next.
+    files = sorted([*photos.rglob("*.JPEG"), *gradients.rglob("*.JPEG")])
+    rng = random.Random(7)
+    reused = RoiDecoder()
+    for _ in range(400):
+        f = rng.choice(files)
+        data, denom = f.read_bytes(), rng.choice([1, 2, 4, 8])
+        fresh = RoiDecoder()
+        hd = fresh.header(data)
+        h, w = -(-hd.height // denom), -(-hd.width // denom)
+        whole = fresh.decode(denom, (0, h), (0, w))
+        y0, x0 = rng.randrange(h), rng.randrange(w)
+        rows, cols = (y0, rng.randrange(y0 + 1, h + 1)), (x0, rng.randrange(x0 + 1, w + 1))
+        reused.header(data)
+        got = reused.decode(denom, rows, cols)
+        want = whole[rows[0] : rows[1], cols[0] : cols[1]]
+        np.testing.assert_array_equal(got, want, err_msg=f"{f.name} at 1/{denom}, rows {rows}, columns {cols}")

@@ -98,9 +98,12 @@ static int fail(roi_ctx *ctx, const char *message) {
 int roi_header(roi_ctx *ctx, const unsigned char *data, unsigned long size, int *info) {
   struct jpeg_decompress_struct *ci = &ctx->cinfo;
   ctx->message[0] = 0;
-  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
-  jpeg_abort_decompress(ci);
   ctx->has_header = 0;
+  /* A fresh decompressor per file: libjpeg-turbo keeps some of a cropped, skipped, abandoned decode's
+   * state in its permanent pool, which corrupts the next file's decode. Creating one costs microseconds. */
+  jpeg_destroy_decompress(ci);
+  if (create(ctx) != 0) return fail(ctx, "cannot create a JPEG decompressor");
+  if (setjmp(ctx->err.jump)) return fail(ctx, NULL); /* after create(), whose setjmp this replaces */
   if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return fail(ctx, "not a JPEG (no start-of-image marker)");
   jpeg_mem_src(ci, data, size);
   jpeg_read_header(ci, TRUE);
