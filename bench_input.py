@@ -230,6 +230,7 @@ def _variable_update(text: str) -> str:
 def config_from(args, paths: dict):
     """The run's BenchConfig: the chosen path after the baseline, or the registry's default run."""
     from core.config import BenchConfig
+    from core.errors import ConfigError
     from core.registry import BASELINE
 
     if args.fake_location:
@@ -238,6 +239,10 @@ def config_from(args, paths: dict):
         chosen = [n for n, c in paths.items() if c.in_default_run]
     fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}
     if args.loader:
+        if args.producer_kind not in ("synthetic", "loader"):
+            raise ConfigError(
+                f"--loader and --producer-kind {args.producer_kind}: the loader is the run's producers; drop one"
+            )
         fields["producer_kind"] = "loader"  # --loader: the run's producers are the user's loader
     if (args.emulate or args.emulate_rate is not None or args.find_capacity) and not args.bench:
         fields["model"] = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
@@ -290,6 +295,10 @@ def _main(argv: list[str]) -> int:
     except SweepError as e:
         raise ConfigError(str(e)) from None
     args = parse_args(argv, paths)
+    if args.loader:
+        from core.loader_spec import absolute_target
+
+        args.loader = absolute_target(args.loader)  # producers and ranks run in the project's folder
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
     if args.loader_only:
         if not args.loader:

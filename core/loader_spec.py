@@ -21,7 +21,9 @@ importing this module imports neither.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -45,6 +47,22 @@ DEFAULT_TIMEOUT = 60.0  # seconds a loader may take for one batch (the first inc
 
 class LoaderError(FeedbenchError):
     """The user's loader cannot be used as it is; the message names the loader and says what to change."""
+
+
+def is_file_target(module_text: str) -> bool:
+    """True when the MODULE part of --loader names a file (a path, or a name ending in .py) rather than a module."""
+    return module_text.endswith(".py") or os.sep in module_text or os.path.isfile(module_text)
+
+
+def absolute_target(target: str) -> str:
+    """--loader with its file made absolute, so processes started in another folder find the same file."""
+    module, sep, name = target.rpartition(":")
+    if not (sep and module and is_file_target(module) and os.path.isfile(module)):
+        return target
+    path = os.path.abspath(module)
+    if path == os.path.abspath(os.path.join(PROJECT, module)):
+        return target  # the same file from the project's folder: kept as typed
+    return f"{path}:{name}"
 
 
 def parse_args(texts: list[str] | tuple[str, ...] | None) -> tuple[tuple[str, Any], ...]:
@@ -90,38 +108,47 @@ class LoaderSpec:
     def resolve(self) -> Callable[..., Any]:
         """Import the module (a file path or an importable name) and return the callable."""
         module_text, _, attr = self.target.rpartition(":")
-        if module_text.endswith(".py") or os.sep in module_text:
-            path = os.path.abspath(module_text)
-            if not os.path.isfile(path):
-                raise LoaderError(f"loader {self.name}: no such file {module_text}")
-            # Importable by its plain name where that is free, so that spawned processes of the loader
-            # (which unpickle its classes by module name) find it through sys.path, which they inherit.
-            stem = os.path.splitext(os.path.basename(path))[0]
-            folder = os.path.dirname(path)
-            mod_name = stem
-            if stem in sys.modules or not stem.isidentifier() or importlib.util.find_spec(stem) is not None:
-                mod_name = "feedbench_loader_" + stem
-            elif folder not in sys.path:
-                sys.path.append(folder)
-            if getattr(sys.modules.get(mod_name), "__file__", None) == path:
-                mod = sys.modules[mod_name]
-                return self._attr(mod, module_text, attr)
-            spec = importlib.util.spec_from_file_location(mod_name, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = mod  # dataclasses and pickling look the module up by name
-            try:
-                spec.loader.exec_module(mod)
-            except Exception as e:
-                sys.modules.pop(mod_name, None)
-                raise LoaderError(f"loader {self.name}: importing {module_text} raised {_words(e)}") from None
-        else:
-            try:
-                mod = importlib.import_module(module_text)
-            except ModuleNotFoundError as e:
-                raise LoaderError(f"loader {self.name}: cannot import {module_text} ({e})") from None
-            except Exception as e:
-                raise LoaderError(f"loader {self.name}: importing {module_text} raised {_words(e)}") from None
+        if is_file_target(module_text):
+            return self._attr(self._import_file(module_text), module_text, attr)
+        try:
+            mod = importlib.import_module(module_text)
+        except ModuleNotFoundError as e:
+            raise LoaderError(f"loader {self.name}: cannot import {module_text} ({e})") from None
+        except (Exception, SystemExit) as e:
+            raise LoaderError(f"loader {self.name}: importing {module_text} raised {_words(e)}") from None
         return self._attr(mod, module_text, attr)
+
+    def _import_file(self, module_text: str) -> Any:
+        """The loader's file as a module, imported once per process whatever its suffix.
+
+        Importable by its plain name where that is free and its folder shadows
+        none of the project's packages, so that spawned processes of the loader
+        (which unpickle its classes by module name) find it through sys.path,
+        which they inherit; the folder goes after the project's.
+        """
+        path = os.path.abspath(module_text)
+        if not os.path.isfile(path):
+            raise LoaderError(f"loader {self.name}: no such file {module_text}")
+        for mod in list(sys.modules.values()):
+            if getattr(mod, "__file__", None) == path:
+                return mod
+        stem = os.path.splitext(os.path.basename(path))[0]
+        folder = os.path.dirname(path)
+        mod_name = stem
+        if not stem.isidentifier() or stem in sys.modules or importlib.util.find_spec(stem) is not None:
+            mod_name = "feedbench_loader_" + "".join(c if c.isalnum() else "_" for c in stem)
+        elif folder not in sys.path and not _shadows_project(folder):
+            sys.path.append(folder)
+        loader = importlib.machinery.SourceFileLoader(mod_name, path)
+        spec = importlib.util.spec_from_file_location(mod_name, path, loader=loader)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = mod  # dataclasses and pickling look the module up by name
+        try:
+            loader.exec_module(mod)
+        except (Exception, SystemExit) as e:
+            sys.modules.pop(mod_name, None)
+            raise LoaderError(f"loader {self.name}: importing {module_text} raised {_words(e)}") from None
+        return mod
 
     def _attr(self, mod: Any, module_text: str, attr: str) -> Callable[..., Any]:
         fn = getattr(mod, attr, None)
@@ -131,15 +158,26 @@ class LoaderSpec:
             raise LoaderError(f"loader {self.name}: {attr} in {module_text} is not callable")
         return fn
 
-    def build(self, seed: int = 0, worker: int = 0, num_workers: int = 1, offer: dict | None = None) -> Any:
+    def build(
+        self, seed: int = 0, worker: int = 0, num_workers: int = 1, offer: dict | None = None,
+        timeout: float | None = None, context: Callable[[], Any] | None = None,
+    ) -> Any:  # fmt: skip
         """Call the loader's callable: its own copy, seeded with this worker's shard of the seed.
 
         The callable gets `seed`, `shard` (this worker's index) and `num_shards`
         when it takes them (so it can shard its data), and what `offer` holds (the run's
         `batch_size` and `image_size`) where it takes those and --loader-arg
         did not set them; Python's, numpy's and torch's global generators are
-        seeded with `seed` either way.
+        seeded with `seed` either way. With `timeout`, an import or a call that
+        has not returned after that many seconds is a LoaderError (it runs on
+        a helper thread, inside `context()` where given: a TensorFlow graph).
         """
+        if timeout is None:
+            return self._build(seed, worker, num_workers, offer)
+        what = "importing and calling it"
+        return within(timeout, self.name, what, lambda: self._build(seed, worker, num_workers, offer), context)
+
+    def _build(self, seed: int, worker: int, num_workers: int, offer: dict | None) -> Any:
         fn = self.resolve()
         kwargs = self.kwargs
         try:
@@ -157,8 +195,51 @@ class LoaderSpec:
             return fn(**kwargs)
         except TypeError as e:
             raise LoaderError(f"loader {self.name}: calling it with {_kw_words(kwargs)} raised {_words(e)}") from None
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             raise LoaderError(f"loader {self.name}: calling it raised {_words(e)}") from None
+
+
+def within(
+    timeout: float, name: str, what: str, fn: Callable[[], Any], context: Callable[[], Any] | None = None
+) -> Any:
+    """`fn()` on a daemon helper thread, so that a loader that never returns is one LoaderError after `timeout` s.
+
+    The thread is left behind in the loader's code (it cannot be stopped);
+    the process that gets the error exits, and takes it along.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with context() if context is not None else contextlib.nullcontext():
+                box["value"] = fn()
+        except BaseException as e:  # re-raised on the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="feedbench-loader-build", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise LoaderError(
+            f"loader {name}: {what} has not returned after {timeout:g} s (hung? raise --loader-timeout if it is "
+            "only slow)"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _shadows_project(folder: str) -> bool:
+    """True when `folder` holds a module or package named like one of the project's (core.py, wire/...)."""
+    try:
+        theirs = {entry.split(".")[0] for entry in os.listdir(folder)}
+    except OSError:
+        return True
+    ours = {entry.split(".")[0] for entry in os.listdir(PROJECT) if not entry.startswith(".")}
+    return bool(theirs & ours)
 
 
 def allow_children() -> None:
@@ -299,6 +380,19 @@ def _epochs(name: str, new_pass: Callable[[], Iterator[Any]]) -> Iterator[Any]:
             raise LoaderError(f"loader {name}: yields no batches (is its data folder empty, or drop_last too strict?)")
 
 
+SHUFFLE_MAX = 1 << 24  # a dataset up to this long is taken in a fresh permutation each pass
+
+
+def sample_order(rng: np.random.Generator, n: int) -> Iterator[int]:
+    """Indices of a map-style dataset of `n` samples, for ever: a permutation per pass while that fits in
+    memory, else indices drawn at random (a dataset of 10**12 samples has no permutation to hold)."""
+    while True:
+        if n <= SHUFFLE_MAX:
+            yield from rng.permutation(n)
+        else:
+            yield from rng.integers(0, n, size=SHUFFLE_MAX)
+
+
 def raw_iterator(obj: Any, kind: str, batch: int, seed: int, name: str = "") -> Iterator[Any]:
     """The items the returned object yields, each a batch or a sample (not yet converted).
 
@@ -312,14 +406,10 @@ def raw_iterator(obj: Any, kind: str, batch: int, seed: int, name: str = "") -> 
         return _epochs(name, lambda: iter(obj))
     if kind == "dataset":
         n = len(obj)
-
-        def samples() -> Iterator[Any]:
-            rng = np.random.default_rng(seed)
-            for _ in itertools.count():
-                for i in rng.permutation(n):
-                    yield obj[int(i)]
-
-        return samples()
+        if n <= 0:
+            raise LoaderError(f"loader {name}: its dataset is empty (len {n}): no samples to batch")
+        rng = np.random.default_rng(seed)
+        return (obj[int(i)] for i in sample_order(rng, n))
     first = iter(obj)
     if first is obj:  # an iterator or a generator: one pass
         return first
@@ -547,7 +637,8 @@ def batches(
 
     before = {p.pid for p in mp.active_children()}
     allow_children()
-    obj = spec.build(seed, worker, num_workers, {"batch_size": expect_batch, "image_size": expect_size})
+    offer = {"batch_size": expect_batch, "image_size": expect_size}
+    obj = spec.build(seed, worker, num_workers, offer, timeout=timeout)
     kind = kind_of(obj)
     if kind == "unknown":
         raise LoaderError(
@@ -558,6 +649,8 @@ def batches(
         prepare_dataloader(obj)
     try:
         items = raw_iterator(obj, kind, expect_batch or batch, seed, spec.name)
+    except LoaderError:
+        raise
     except Exception as e:
         raise LoaderError(f"loader {spec.name}: starting its {kind} raised {_words(e)}") from None
     batcher = Batcher(spec.name, expect_batch or batch, expect_batch, expect_size)

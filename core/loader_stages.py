@@ -19,13 +19,14 @@ expose no steps to wrap: for those the result carries a note saying so.
 from __future__ import annotations
 
 import io
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from core.loader_spec import LoaderSpec, kind_of, seed_globals
+from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, guarded, kind_of, sample_order, seed_globals
 
 NO_STAGES = {
     "tf.data": "tf.data keeps its per-op statistics inside TensorFlow's profiler only (no public API in "
@@ -118,9 +119,15 @@ def instrument(dataset: Any, acc: dict[str, float]) -> list[str]:
     return names
 
 
-def profile(spec: LoaderSpec, seed: int = 0, samples: int = 200, seconds: float = 3.0, warmup: int = 3) -> dict:
-    """Per-stage seconds per sample and shares of the whole, for the loader `spec` builds (or a note)."""
-    obj = spec.build(seed, 0, 1)
+def profile(
+    spec: LoaderSpec, seed: int = 0, samples: int = 200, seconds: float = 3.0, warmup: int = 3,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> dict:  # fmt: skip
+    """Per-stage seconds per sample and shares of the whole, for the loader `spec` builds (or a note).
+
+    A loader that is not built, or a sample that is not taken, within `timeout` seconds is a LoaderError.
+    """
+    obj = spec.build(seed, 0, 1, timeout=timeout)
     kind = kind_of(obj)
     dataset = getattr(obj, "dataset", None) if kind == "dataloader" else obj if kind == "dataset" else None
     if dataset is None or not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
@@ -128,33 +135,49 @@ def profile(spec: LoaderSpec, seed: int = 0, samples: int = 200, seconds: float 
         if kind == "dataloader":
             why = "its DataLoader's dataset is not map-style (no steps to time)"
         return {"loader": spec.name, "kind": kind, "stages": [], "note": why}
-    return profile_dataset(dataset, spec.name, kind, seed, samples, seconds, warmup)
+    return profile_dataset(dataset, spec.name, kind, seed, samples, seconds, warmup, timeout)
+
+
+def _sample_times(dataset: Any, order: list[int], warmup: int, acc: dict[str, float]) -> Iterator[float]:
+    """The wall time of `dataset[i]` for each index of `order`; the stages' timers restart after `warmup`."""
+    for k, i in enumerate(order):
+        if k == warmup:  # the first samples pay for imports and cold caches
+            for name in acc:
+                acc[name] = 0.0
+        t0 = time.perf_counter()
+        dataset[int(i)]
+        yield time.perf_counter() - t0
 
 
 def profile_dataset(
     dataset: Any, name: str, kind: str = "dataset", seed: int = 0, samples: int = 200, seconds: float = 3.0,
-    warmup: int = 3,
+    warmup: int = 3, timeout: float = DEFAULT_TIMEOUT,
 ) -> dict:  # fmt: skip
-    """Time `dataset[i]` for random indices, each instrumented stage inside it, and their shares."""
+    """Time `dataset[i]` for random indices, each instrumented stage inside it, and their shares.
+
+    Samples are taken on a helper thread (`guarded`): one that raises or hangs is one LoaderError.
+    """
     acc: dict[str, float] = {}
     names = instrument(dataset, acc)
     if not names:
         return {"loader": name, "kind": kind, "stages": [], "note": "the dataset has no transform or loader to time"}
+    if len(dataset) <= 0:
+        raise LoaderError(f"loader {name}: its dataset is empty (len 0): no samples to time")
     seed_globals(seed)
-    order = np.random.default_rng(seed).permutation(len(dataset))
-    for i in order[:warmup]:  # the first samples pay for imports and cold caches
-        dataset[int(i)]
-    for k in acc:
-        acc[k] = 0.0
+    order = list(itertools.islice(sample_order(np.random.default_rng(seed), len(dataset)), warmup + samples))
+    times = guarded(_sample_times(dataset, order, warmup, acc), name, timeout, unit="sample", ahead=0,
+                    prepare=lambda t: t)  # fmt: skip
     whole, n = 0.0, 0
-    end = time.monotonic() + seconds
-    for i in np.resize(order, warmup + samples)[warmup:]:
-        t0 = time.perf_counter()
-        dataset[int(i)]
-        whole += time.perf_counter() - t0
+    end = None
+    for k, t in enumerate(times):
+        if k < warmup:
+            continue
+        end = end or time.monotonic() + seconds
+        whole += t
         n += 1
         if time.monotonic() > end:
             break
+    times.close()
     per = whole / n
     stages = [{"name": s, "seconds_per_sample": acc[s] / n, "share": acc[s] / whole} for s in names]
     shares = sum(s["share"] for s in stages)

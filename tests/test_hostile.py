@@ -7,13 +7,17 @@ held open by another process.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_loader import error_lines, finish, start
+from test_loader import error_lines, finish, left_in_session, start
 
 from consumers.zmq_pull import PullConsumer
 
@@ -44,7 +48,47 @@ def never_returns(**kwargs):
 def good():
     while True:
         yield np.ones((2, 8, 8, 3), np.uint8), np.arange(2)
+
+class Samples:
+    # A map-style dataset whose transform is timed stage by stage; `hang_at` / `raise_at`: a sample that never
+    # returns or raises once the stage timer has wrapped the transform (so the sweep itself runs).
+    def __init__(self, n=10**12, hang_at=None, raise_at=None):
+        self.n, self.hang_at, self.raise_at, self.taken = n, hang_at, raise_at, 0
+        self.transform = [self.plain]
+
+    @staticmethod
+    def plain(x):
+        return x
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.taken += self.transform[0] is not self.plain
+        if self.taken == self.hang_at:
+            time.sleep(3600)
+        if self.taken == self.raise_at:
+            raise ValueError(f"corrupt sample {i}")
+        return self.transform[0](np.full((8, 8, 3), i % 251, np.uint8)), i % 10
+
+def huge():
+    return Samples()
+
+def empty():
+    return Samples(n=0)
+
+def sample_hangs():
+    return Samples(hang_at=8)
+
+def sample_raises():
+    return Samples(raise_at=8)
 """
+
+BAD_IMPORTS = {
+    "exits.py": "import sys\nsys.exit(0)\n",
+    "raises.py": "raise RuntimeError('no such data folder')\n",
+    "deep.py": "def make(x=None):\n    return x\n",
+}
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +135,128 @@ def test_reuse_of_unchanged_slots_is_refused_for_a_loader(hostile):
     assert code == 2, err
     [line] = error_lines(err)
     assert "--reuse-unchanged-slots" in line and "loader" in line
+
+
+# --------------------------------------------------------------------------- 2: a callable that never returns
+
+
+@pytest.mark.parametrize("framework", ["tf", "torch"])
+def test_a_loader_that_never_returns_inside_the_trainer_ends_in_one_line(hostile, framework):
+    p = start("bench_input.py", "--framework", framework, "--fake-location", "loader", "--loader",
+              f"{hostile}:never_returns", "--loader-timeout", "3", "--emulate-rate", "100", "--num-gpus", "1",
+              "--batch", "2", "--image-size", "8", "--warmup-steps", "1", "--steps", "2", "--repeats", "1")  # fmt: skip
+    code, _, err = finish(p, 240)
+    assert code == 2, err[-2000:]
+    [line] = error_lines(err)
+    assert f"loader {hostile}:never_returns" in line and "has not returned after 3 s" in line, line
+    assert "Traceback" not in err and "has no attribute" not in err
+    assert left_in_session(p.pid) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [("sample_hangs", "no sample for 3 s after sample"), ("sample_raises", "raised ValueError: corrupt sample")],
+)
+def test_loader_only_stage_timing_of_a_bad_sample_keeps_the_sweep(hostile, tmp_path, name, words):
+    """The sweep's figures are written; the stage table says why it stopped, in one line."""
+    js = tmp_path / "loader.json"
+    p = start("bench_input.py", "--loader", f"{hostile}:{name}", "--loader-only", "--loader-workers", "1",
+              "--loader-seconds", "1", "--loader-timeout", "3", "--batch", "4", "--json", str(js))  # fmt: skip
+    code, out, err = finish(p, 120)
+    assert code == 0, err[-2000:]
+    assert "Traceback" not in err
+    doc = json.loads(js.read_text())
+    assert doc["points"][0]["images_per_sec"] > 0 if "points" in doc else doc
+    assert words in out and f"loader {hostile}:{name}" in out, out
+    assert left_in_session(p.pid) == []
+
+
+# --------------------------------------------------------------------------- 5, 13: loaders that are no loaders
+
+
+def test_a_huge_dataset_is_sampled_without_a_permutation_and_an_empty_one_is_named(hostile):
+    p = start("bench_input.py", "--loader", f"{hostile}:huge", "--loader-only", "--loader-workers", "1",
+              "--loader-seconds", "1", "--loader-timeout", "20", "--batch", "4")  # fmt: skip
+    code, out, err = finish(p, 120)
+    assert code == 0, err[-2000:]
+    assert "stages:" not in out or "stopped" not in out, out
+    p = start("bench_input.py", "--loader", f"{hostile}:empty", "--loader-only", "--loader-workers", "1",
+              "--loader-seconds", "1", "--loader-timeout", "20", "--no-stages")  # fmt: skip
+    code, _, err = finish(p, 120)
+    assert code == 2, err[-2000:]
+    [line] = error_lines(err)
+    assert f"loader {hostile}:empty" in line and "dataset is empty (len 0)" in line, line
+
+
+@pytest.mark.parametrize("name", sorted(BAD_IMPORTS))
+def test_a_loader_module_that_exits_or_raises_on_import_is_one_line(tmp_path, name):
+    path = tmp_path / name
+    path.write_text(BAD_IMPORTS[name])
+    code, _, err = finish(start("bench_input.py", "--loader", f"{path}:make", "--loader-only", "--no-stages"), 60)
+    lines = error_lines(err)
+    if name == "deep.py":  # imports fine; what it returns is refused
+        assert code == 2 and len(lines) == 1 and "returned NoneType" in lines[0], err
+        return
+    assert code == 2, err
+    assert len(lines) == 1 and f"importing {path} raised" in lines[0], err
+    assert ("SystemExit" if name == "exits.py" else "RuntimeError: no such data folder") in lines[0]
+
+
+@pytest.mark.parametrize("suffix", ["", ".txt", ".loader.py"])
+def test_a_loader_file_of_any_suffix_is_imported_once(tmp_path, suffix):
+    path = tmp_path / f"myloader{suffix}"
+    path.write_text(
+        "import os, numpy as np\n"
+        "with open(os.environ['FB_IMPORTS'], 'a') as f:\n    f.write(f'{os.getpid()}\\n')\n"
+        "def make():\n    while True:\n        yield np.ones((2, 8, 8, 3), np.uint8), np.arange(2)\n"
+    )
+    counter = tmp_path / "imports"
+    counter.write_text("")
+    env = {**os.environ, "FB_IMPORTS": str(counter)}
+    p = subprocess.Popen(
+        [sys.executable, "bench_input.py", "--loader", f"{path}:make", "--loader-only", "--loader-workers", "1",
+         "--loader-seconds", "1"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    code, _, err = finish(p, 120)
+    assert code == 0, err[-2000:]
+    per_process = Counter(counter.read_text().split())
+    assert len(per_process) == 2, per_process  # the sweep's process (checks, stage timing) and its one worker
+    assert set(per_process.values()) == {1}, f"imported more than once in a process: {per_process}"
+
+
+def test_a_loader_folder_with_modules_named_like_the_projects_does_not_shadow_them(tmp_path, ipc_dir):
+    """`python -m producers` started in the loader's own folder, which holds core.py, wire.py and producers/."""
+    for name in ("core.py", "wire.py"):
+        (tmp_path / name).write_text("raise SystemExit('the loader folder shadowed the project')\n")
+    (tmp_path / "myloader.py").write_text(HOSTILE)
+    endpoint = f"ipc://{ipc_dir}/feed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "producers", "loader", "--loader", "myloader.py:good", "--endpoint", endpoint,
+             "--count", "3", "--quiet"], cwd=tmp_path, env=env, text=True, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        got = [c.recv() for _ in range(3)]
+    code, _, err = finish(p, 60)
+    assert code == 0 and "shadowed" not in err, err
+    assert [b.arrays[0].shape for b in got] == [(2, 8, 8, 3)] * 3
+
+
+def test_a_relative_loader_path_is_found_by_the_ranks_and_the_producer_kind_is_not_overridden(tmp_path):
+    """Ranks start in the project's folder: a loader path relative to the user's folder still names the same file."""
+    (tmp_path / "myloader.py").write_text(HOSTILE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, str(ROOT / "bench_input.py"), "--loader", "myloader.py:good", "--emulate-rate", "100",
+           "--num-gpus", "1", "--batch", "2", "--image-size", "8", "--warmup-steps", "1", "--steps", "2",
+           "--repeats", "1"]  # fmt: skip
+    p = subprocess.Popen([*run, "--framework", "torch", "--fake-location", "loader"], cwd=tmp_path, env=env,
+                         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    code, _, err = finish(p, 240)
+    assert code == 0, err[-2000:]
+    p = subprocess.Popen([*run, "--fake-location", "zmq-consume", "--producer-kind", "decode", "--data", "/nonexistent"],
+                         cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    code, _, err = finish(p, 120)
+    assert code == 2, err[-2000:]
+    assert error_lines(err) == [
+        "error: --loader and --producer-kind decode: the loader is the run's producers; drop one"
+    ]

@@ -50,7 +50,9 @@ class UserLoader(TFInputPath):
         spec = LoaderSpec.parse(cfg.loader, cfg.loader_arg)
         images_spec, labels_spec = specs[0], specs[1]
         batch, size = int(images_spec.shape[0]), int(images_spec.shape[1])
-        obj = spec.build(0, 0, 1, {"batch_size": batch, "image_size": size})
+        offer = {"batch_size": batch, "image_size": size}
+        graph = tf.compat.v1.get_default_graph()  # the helper thread builds the dataset into the model's graph
+        obj = spec.build(0, 0, 1, offer, timeout=cfg.loader_timeout, context=graph.as_default)
         if kind_of(obj) == "tf.data":
             return TFDatasetInput(self._in_graph(spec, obj, images_spec, labels_spec).prefetch(PREFETCH))
         del obj  # the generator builds its own copy when tf.data first asks for a batch

@@ -59,8 +59,8 @@ class UserLoader(TorchInputPath):
         spec = LoaderSpec.parse(cfg.loader, cfg.loader_arg)
         seed = worker_seed(0, ctx.rank)
         offer = {"batch_size": cfg.batch, "image_size": cfg.image_size}
-        self.feeder = None
-        obj = spec.build(seed, ctx.rank, ctx.world, offer)
+        self.feeder, self.it, self.passes = None, None, []  # what close() stops, however far open() got
+        obj = spec.build(seed, ctx.rank, ctx.world, offer, timeout=cfg.loader_timeout)
         kind = kind_of(obj)
         if kind == "dataloader":
             if ctx.device.type == "cuda":
@@ -68,7 +68,6 @@ class UserLoader(TorchInputPath):
             # Its workers are forked from a rank that blocks SIGTERM in its threads: let them be stopped.
             prepare_dataloader(obj)
             self.batcher = Batcher(spec.name, cfg.batch, cfg.batch, cfg.image_size)
-            self.passes: list = []
             loader = obj
 
             def epochs():
@@ -109,7 +108,8 @@ class UserLoader(TorchInputPath):
         if self.feeder is not None:
             self.feeder.close()
             return
-        self.it.close()  # the pumping thread stops at its next batch
+        if self.it is not None:
+            self.it.close()  # the pumping thread stops at its next batch
         for it in self.passes:
             shutdown = getattr(it, "_shutdown_workers", None)
             if shutdown is not None:
