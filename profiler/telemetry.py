@@ -62,8 +62,17 @@ def producer_figures(rows: list[dict], batch: int, source: str) -> dict | None:
         "images_per_sec": sum(r["images_per_sec"] for r in rows),
         "send_latency_ms": statistics.mean(r["send_latency_ms"] for r in rows),
         "send_wait_share": min(1.0, statistics.mean(shares)) if shares else None,
+        **_stage_means(rows),
         "per_producer": rows,
     }
+
+
+def _stage_means(rows: list[dict]) -> dict:
+    """`stage_ms`: a decoding producer's per-image time in each of its stages, averaged over producers."""
+    stages = [r["stage_ms"] for r in rows if r.get("stage_ms")]
+    if not stages:
+        return {}
+    return {"stage_ms": {k: statistics.mean(s.get(k, 0.0) for s in stages) for k in stages[0]}}
 
 
 def delivered_rows(producers: dict, before: dict[int, int], batch: int, dt: float) -> list[dict]:
@@ -84,6 +93,9 @@ def delivered_rows(producers: dict, before: dict[int, int], batch: int, dt: floa
                     "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
                 }
             )
+            if isinstance(pc.extras.get("stage_ms"), dict):  # the decode producer's per-stage times
+                stages = pc.extras["stage_ms"].items()  # from the wire: numbers only
+                rows[-1]["stage_ms"] = {str(k): float(v) for k, v in stages if isinstance(v, int | float)}
     return rows
 
 
