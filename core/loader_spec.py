@@ -115,7 +115,7 @@ class LoaderSpec:
         except ModuleNotFoundError as e:
             raise LoaderError(f"loader {self.name}: cannot import {module_text} ({e})") from None
         except (Exception, SystemExit) as e:
-            raise LoaderError(f"loader {self.name}: importing {module_text} raised {_words(e)}") from None
+            raise LoaderError(f"loader {self.name}: importing {module_text} raised {exception_words(e)}") from None
         return self._attr(mod, module_text, attr)
 
     def _import_file(self, module_text: str) -> Any:
@@ -147,7 +147,7 @@ class LoaderSpec:
             loader.exec_module(mod)
         except (Exception, SystemExit) as e:
             sys.modules.pop(mod_name, None)
-            raise LoaderError(f"loader {self.name}: importing {module_text} raised {_words(e)}") from None
+            raise LoaderError(f"loader {self.name}: importing {module_text} raised {exception_words(e)}") from None
         return mod
 
     def _attr(self, mod: Any, module_text: str, attr: str) -> Callable[..., Any]:
@@ -194,9 +194,9 @@ class LoaderSpec:
         try:
             return fn(**kwargs)
         except TypeError as e:
-            raise LoaderError(f"loader {self.name}: calling it with {_kw_words(kwargs)} raised {_words(e)}") from None
+            raise LoaderError(f"loader {self.name}: calling it with {_kw_words(kwargs)} raised {exception_words(e)}") from None
         except (Exception, SystemExit) as e:
-            raise LoaderError(f"loader {self.name}: calling it raised {_words(e)}") from None
+            raise LoaderError(f"loader {self.name}: calling it raised {exception_words(e)}") from None
 
 
 def within(
@@ -300,7 +300,7 @@ def seed_globals(seed: int) -> None:
 _FRAME = re.compile(r'\s*File "(.+)", line (\d+), in (.+)$')
 
 
-def _words(e: BaseException) -> str:
+def exception_words(e: BaseException) -> str:
     """An exception in one line; one re-raised from a DataLoader worker keeps the worker's own cause."""
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
     text = lines[0] if lines else ""
@@ -586,7 +586,7 @@ def guarded(
                 index, e = err
                 if isinstance(e, LoaderError):
                     raise e
-                raise LoaderError(f"loader {name}: {unit} {index} raised {_words(e)}") from None
+                raise LoaderError(f"loader {name}: {unit} {index} raised {exception_words(e)}") from None
             if item is _END or item is None:
                 return
             got += 1
@@ -652,7 +652,7 @@ def batches(
     except LoaderError:
         raise
     except Exception as e:
-        raise LoaderError(f"loader {spec.name}: starting its {kind} raised {_words(e)}") from None
+        raise LoaderError(f"loader {spec.name}: starting its {kind} raised {exception_words(e)}") from None
     batcher = Batcher(spec.name, expect_batch or batch, expect_batch, expect_size)
     unit = "sample" if kind == "dataset" else "batch"
     out = batcher.batches(guarded(items, spec.name, timeout, should_stop, unit))

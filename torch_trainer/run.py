@@ -301,7 +301,9 @@ def worker(argv: list[str] | None = None) -> int:
             _error(a.result_dir, rank, str(e), e.exit_code)
             code = e.exit_code
         else:
-            _error(a.result_dir, rank, f"rank {rank}: {type(e).__name__}: {e}", 1)
+            from core.loader_spec import exception_words  # a DataLoader worker's error keeps its cause
+
+            _error(a.result_dir, rank, f"rank {rank}: {exception_words(e)}", 1)
             code = 1
     finally:
         shutdown.run_cleanups()
