@@ -165,3 +165,18 @@ def test_next_waits_with_the_gil_released(ipc_dir) -> None:
             ticks += 1  # runs only while next() does not hold the GIL
         t.join()
     assert ticks > 10_000
+
+
+@pytest.mark.timeout(120)
+def test_closing_removes_the_ipc_file_it_bound_and_never_a_live_one(procs, ipc_dir) -> None:
+    path = Path(ipc_dir) / "r"
+    ep = f"ipc://{path}"
+    with Receiver(ep, SPECS, slots(), timeout_ms=TIMEOUT_MS) as r:
+        procs.producer(ep, *small("--count", "3"))
+        for _ in range(3):
+            r.release(r.next())
+        assert path.is_socket()
+        with pytest.raises(ValueError, match="address already in use"):  # a second consumer: refused
+            Receiver(ep, SPECS, slots())
+        assert path.is_socket()  # the refused one removed nothing: the first still serves it
+    assert not path.exists()

@@ -227,6 +227,9 @@ Connection::~Connection() {
   if (zap_ != nullptr) zmq_close(zap_);
   if (monitor_ != nullptr) zmq_close(monitor_);
   if (context_ != nullptr) zmq_ctx_term(context_);
+  // libzmq leaves a bound ipc socket's file behind: remove it, unless another consumer has bound the
+  // path since (a live socket there accepts connections).
+  if (!bound_file_.empty() && !IpcServed(bound_file_)) unlink(bound_file_.c_str());
 }
 
 std::string Connection::DebugString() const {
@@ -278,6 +281,9 @@ Status Connection::Open() {
   if (rc != 0) {
     return Error(Code::kInvalidArgument,
                  "ZMQ endpoint " + ep + ": cannot " + (options_.bind ? "bind" : "connect") + ": " + ZmqError());
+  }
+  if (options_.bind && zmq_ep.rfind("ipc://", 0) == 0 && zmq_ep.size() > 6 && zmq_ep[6] != '@') {
+    bound_file_ = zmq_ep.substr(6);
   }
   return Status::Ok();
 }

@@ -188,6 +188,7 @@ class Connection {
   ConnectionOptions options_;
   void* context_ = nullptr;
   void* socket_ = nullptr;
+  std::string bound_file_;  // the ipc socket file this connection bound: removed when it closes
   std::timed_mutex socket_mu_;  // held only while a message is taken off the socket
   std::atomic<bool> closing_{false};
   shm::SlotReader slots_;
