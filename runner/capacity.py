@@ -88,7 +88,10 @@ def find_capacities(
     preset_rate = start
     # The first run of a process also pays for loading TensorFlow's kernels and the op; the others give the
     # baseline's spread.
-    runs = [run_path(probe_config(cfg, start, batch_given), BASELINE) for _ in range(2 + (1 if confirm else 0))]
+    runs: list[dict] = []
+    for i in range(n := 2 + (1 if confirm else 0)):  # a line each: no minute of silence while they run
+        runs.append(run_path(probe_config(cfg, start, batch_given), BASELINE))
+        log(f"  gpu baseline run {i + 1}/{n}: {rate_text(runs[-1]['images_per_sec']['median'])} img/s")
     base0 = max(runs, key=lambda r: r["images_per_sec"]["median"])
     base0_ips = base0["images_per_sec"]["median"]
     base_range = [min(r["images_per_sec"]["median"] for r in runs[1:]), base0_ips]
