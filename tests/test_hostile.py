@@ -260,3 +260,70 @@ def test_a_relative_loader_path_is_found_by_the_ranks_and_the_producer_kind_is_n
     assert error_lines(err) == [
         "error: --loader and --producer-kind decode: the loader is the run's producers; drop one"
     ]
+
+
+# --------------------------------------------------------------------------- 3: peers that stall an shm:// consumer
+
+HOLDER = """
+import socket, sys
+from wire import shm
+address = shm.handover_address(sys.argv[1])  # named after the consumer's user
+uid = int(sys.argv[3])
+if uid != -1:
+    import os
+    os.setgid(65534)
+    os.setuid(uid)
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(address)
+    held.append(s)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def _hold_idle_peers(endpoint: str, n: int, uid: int) -> subprocess.Popen:
+    """A process that connects `n` times to the consumer's hand-over socket and sends nothing, until stdin closes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, endpoint, str(n), str(uid)], cwd=ROOT, env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert p.stdout.readline().strip() == "held", p.stderr.read()
+    return p
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("consumer", ["python", "native"])
+@pytest.mark.parametrize("who", ["this user", "nobody"])
+def test_idle_peers_on_the_hand_over_socket_do_not_stall_an_shm_consumer(procs, consumer, who):
+    """30 idle connections held before the producer's: its batches still arrive within a 10 s receive timeout.
+
+    Each idle peer used to cost the consumer a 1 s wait, one after another (30 s > 10 s).
+    """
+    if who == "nobody" and os.getuid() != 0:
+        pytest.skip("needs root to hold the connections as another user")
+    from zmq_ops.receiver import Receiver
+
+    endpoint = f"shm://fb-idle-{os.getpid()}-{consumer}-{who[0]}"
+    specs = [("uint8", (2, 4, 4, 3)), ("int32", (2,))]
+    if consumer == "python":
+        c = PullConsumer(endpoint, recv_timeout=10)
+        recv = c.recv
+    else:
+        slots = [[np.zeros(s, d) for d, s in specs] for _ in range(2)]
+        c = Receiver(endpoint, specs, slots, timeout_ms=10_000)
+        recv = lambda: c.release(c.next())  # noqa: E731
+    with c:
+        holder = _hold_idle_peers(endpoint, 30, 65534 if who == "nobody" else -1)
+        try:
+            t0 = time.monotonic()
+            procs.producer(endpoint, "--batch", "2", "--image-size", "4", "--count", "3")
+            for _ in range(3):
+                recv()
+            waited = time.monotonic() - t0
+        finally:
+            holder.stdin.close()
+            holder.wait(10)
+    # Not a speed check: the consumer's own 10 s receive timeout must hold (the Python consumer used to spend
+    # 30 s draining the idle peers and deliver late instead of failing).
+    assert waited < 10, f"the first batches took {waited:.0f} s, past the consumer's 10 s receive timeout"

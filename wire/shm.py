@@ -66,6 +66,8 @@ HANDOVER_MAGIC = b"FBHO"  # a region's descriptor handed to the consumer: magic 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 HANDOVER_WAIT_S = 2.0  # how long a consumer waits for the descriptor of a region a slot message names
 MAX_PENDING = 256  # descriptors handed over but not yet named by a slot message
+PEER_WAIT_S = 5.0  # a hand-over peer of this user that has sent nothing after this long is dropped
+MAX_PEERS = 64  # hand-over peers waiting at once; the oldest is dropped past it
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _REGION = re.compile(r"/fb-[0-9]+-[0-9a-f]{32}")
@@ -373,6 +375,8 @@ class Handover:
             raise ShmError(f"endpoint {endpoint!r}: cannot bind: {why}") from None
         self._sock.setblocking(False)
         self._fds: dict[str, int] = {}  # insertion-ordered: the oldest is dropped past MAX_PENDING
+        # Peers of this user that connected but have not sent yet: conn -> (pid, when it is dropped).
+        self._peers: dict[socket.socket, tuple[int, float]] = {}
 
     def take(self, name: str, wait_s: float = HANDOVER_WAIT_S) -> int | None:
         """The descriptor of region `name` (yours to close), waiting up to `wait_s`; None if it never came."""
@@ -384,30 +388,65 @@ class Handover:
             left = deadline - time.monotonic()
             if left <= 0 or self._sock is None:
                 return None
-            select.select([self._sock], [], [], left)
+            select.select([self._sock, *self._peers], [], [], min(left, 0.1))
 
     def _drain(self) -> None:
+        """Accept every waiting peer and read those that have sent, without ever waiting on one.
+
+        Another user's peer is closed before anything is read from it; a peer
+        of this user that connects and sends nothing is dropped after
+        PEER_WAIT_S, and at most MAX_PEERS wait at once (the oldest goes):
+        no peer delays another's hand-over.
+        """
         while self._sock is not None:
             try:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
+                break
+            try:
+                pid, uid = _peer(conn)
+            except OSError:
+                conn.close()
+                continue
+            if uid != os.getuid():
+                conn.close()
+                continue
+            conn.setblocking(False)
+            self._peers[conn] = (pid, time.monotonic() + PEER_WAIT_S)
+            self._read(conn)  # a producer sends as it connects: read it before any later peer can push it out
+            if len(self._peers) > MAX_PEERS:
+                oldest = next(iter(self._peers))
+                del self._peers[oldest]
+                oldest.close()
+        for conn in list(self._peers):
+            self._read(conn)
+
+    def _read(self, conn: socket.socket) -> None:
+        """Take what peer `conn` sent, if it has, and forget it; drop it once it has waited PEER_WAIT_S."""
+        pid, drop_at = self._peers[conn]
+        try:
+            msg, fds, _, _ = socket.recv_fds(conn, 4 + 64, 2)
+        except (BlockingIOError, InterruptedError):
+            if time.monotonic() < drop_at:
                 return
-            with conn:
-                conn.settimeout(1.0)  # a peer sends right after connecting
-                try:
-                    pid, uid = _peer(conn)
-                    msg, fds, _, _ = socket.recv_fds(conn, 4 + 64, 2)
-                except OSError:
-                    continue
-                name = msg[4:].decode("ascii", "replace")
-                ok = uid == os.getuid() and msg[:4] == HANDOVER_MAGIC and len(fds) == 1
-                if not (ok and _REGION.fullmatch(name) and region_pid(name) == pid and name not in self._fds):
-                    for fd in fds:
-                        os.close(fd)
-                    continue
-                self._fds[name] = fds[0]
-                if len(self._fds) > MAX_PENDING:
-                    os.close(self._fds.pop(next(iter(self._fds))))
+            msg, fds = b"", []
+        except OSError:
+            msg, fds = b"", []
+        del self._peers[conn]
+        conn.close()
+        self._keep(pid, msg, fds)
+
+    def _keep(self, pid: int, msg: bytes, fds: list[int]) -> None:
+        """Keep the descriptor a peer sent if it is one region labelled with the peer's own pid; else close it."""
+        name = msg[4:].decode("ascii", "replace")
+        ok = msg[:4] == HANDOVER_MAGIC and len(fds) == 1 and _REGION.fullmatch(name) is not None
+        if not (ok and region_pid(name) == pid and name not in self._fds):
+            for fd in fds:
+                os.close(fd)
+            return
+        self._fds[name] = fds[0]
+        if len(self._fds) > MAX_PENDING:
+            os.close(self._fds.pop(next(iter(self._fds))))
 
     def close(self) -> None:
         if self._sock is not None:
@@ -416,6 +455,9 @@ class Handover:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        for conn in self._peers:
+            conn.close()
+        self._peers.clear()
 
 
 class _Mapped:

@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -162,6 +163,7 @@ void SlotReader::Prune(const std::string& added) {
 SlotReader::~SlotReader() {
   if (listen_fd_ >= 0) close(listen_fd_);
   for (auto& [name, fd] : handed_over_) close(fd);
+  for (const Peer& peer : peers_) close(peer.fd);
 }
 
 bool SlotReader::Listen(const std::string& end_point, std::string* err) {
@@ -187,56 +189,82 @@ bool SlotReader::Listen(const std::string& end_point, std::string* err) {
   return true;
 }
 
+// Accepts every waiting peer and reads those that have sent, never waiting on one: another user's peer
+// is closed before anything is read from it, and a peer of this user that sends nothing is dropped after
+// kPeerWaitMs (at most kMaxPeers wait at once), so no peer delays another's hand-over.
 void SlotReader::DrainHandovers() {
   while (listen_fd_ >= 0) {
-    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) return;
+    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) break;
     ucred cred{};
     socklen_t clen = sizeof(cred);
-    const bool cred_ok = getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 && cred.uid == getuid();
-    // A peer sends right after connecting; wait for it a moment at most.
-    pollfd p{conn, POLLIN, 0};
-    char buf[4 + kMaxNameLen + 1];
-    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
-    iovec iov{buf, sizeof(buf)};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    ssize_t n = -1;
-    if (poll(&p, 1, 1000) == 1) n = recvmsg(conn, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    close(conn);
-    std::vector<int> fds;
-    for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr; c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; ++i) {
-          int f;
-          std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds.push_back(f);
-        }
-      }
-    }
-    const std::string name = n > 4 ? std::string(buf + 4, static_cast<size_t>(n) - 4) : std::string();
-    const bool ok = cred_ok && n > 4 && (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0 &&
-                    std::memcmp(buf, "FBHO", 4) == 0 && fds.size() == 1 && ValidRegionName(name) &&
-                    RegionPid(name) == static_cast<long>(cred.pid) && handed_over_.count(name) == 0;
-    if (!ok) {
-      for (int f : fds) close(f);
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.uid != getuid()) {
+      close(conn);
       continue;
     }
-    handed_over_[name] = fds[0];
-    handed_over_order_.push_back(name);
-    while (handed_over_.size() > kMaxRegions && !handed_over_order_.empty()) {
-      auto it = handed_over_.find(handed_over_order_.front());
-      handed_over_order_.pop_front();
-      if (it != handed_over_.end()) {
-        close(it->second);
-        handed_over_.erase(it);
+    peers_.push_back(Peer{conn, static_cast<long>(cred.pid),
+                          std::chrono::steady_clock::now() + std::chrono::milliseconds(kPeerWaitMs)});
+    if (ReadPeer(peers_.size() - 1)) peers_.pop_back();  // a producer sends as it connects
+    if (peers_.size() > kMaxPeers) {
+      close(peers_.front().fd);
+      peers_.pop_front();
+    }
+  }
+  for (size_t i = 0; i < peers_.size();) {
+    if (ReadPeer(i)) {
+      peers_.erase(peers_.begin() + static_cast<long>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+bool SlotReader::ReadPeer(size_t i) {
+  const Peer peer = peers_[i];
+  char buf[4 + kMaxNameLen + 1];
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+  iovec iov{buf, sizeof(buf)};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(peer.fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) &&
+      std::chrono::steady_clock::now() < peer.drop_at) {
+    return false;
+  }
+  close(peer.fd);
+  std::vector<int> fds;
+  for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t j = 0; j < k; ++j) {
+        int f;
+        std::memcpy(&f, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
+        fds.push_back(f);
       }
     }
   }
+  const std::string name = n > 4 ? std::string(buf + 4, static_cast<size_t>(n) - 4) : std::string();
+  const bool ok = n > 4 && (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0 && std::memcmp(buf, "FBHO", 4) == 0 &&
+                  fds.size() == 1 && ValidRegionName(name) && RegionPid(name) == peer.pid &&
+                  handed_over_.count(name) == 0;
+  if (!ok) {
+    for (int f : fds) close(f);
+    return true;
+  }
+  handed_over_[name] = fds[0];
+  handed_over_order_.push_back(name);
+  while (handed_over_.size() > kMaxRegions && !handed_over_order_.empty()) {
+    auto it = handed_over_.find(handed_over_order_.front());
+    handed_over_order_.pop_front();
+    if (it != handed_over_.end()) {
+      close(it->second);
+      handed_over_.erase(it);
+    }
+  }
+  return true;
 }
 
 int SlotReader::TakeHandedOver(const std::string& name, int wait_ms) {
@@ -252,8 +280,9 @@ int SlotReader::TakeHandedOver(const std::string& name, int wait_ms) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0 || listen_fd_ < 0) return -1;
-    pollfd p{listen_fd_, POLLIN, 0};
-    poll(&p, 1, static_cast<int>(left));
+    std::vector<pollfd> waits{{listen_fd_, POLLIN, 0}};
+    for (const Peer& peer : peers_) waits.push_back(pollfd{peer.fd, POLLIN, 0});
+    poll(waits.data(), waits.size(), static_cast<int>(std::min<long long>(left, 100)));
   }
 }
 

@@ -18,6 +18,7 @@
 #ifndef FEEDBENCH_ZMQ_OPS_SHM_H_
 #define FEEDBENCH_ZMQ_OPS_SHM_H_
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -40,6 +41,8 @@ constexpr uint32_t kMaxSlots = 1024;
 constexpr size_t kMaxNameLen = 64;
 constexpr size_t kMaxRegions = 256;  // regions one consumer maps at once (live producer workers)
 constexpr size_t kMaxRetired = 4096;  // unmapped regions remembered, to skip their late slot messages
+constexpr size_t kMaxPeers = 64;  // hand-over peers that connected and have not sent yet; the oldest goes past it
+constexpr int kPeerWaitMs = 5000;  // such a peer is dropped after this long
 constexpr size_t kRegionHeader = 64;
 constexpr size_t kStateStride = 64;  // one cache line per slot state
 constexpr size_t kPage = 4096;
@@ -148,12 +151,20 @@ class SlotReader {
   void Prune(const std::string& added);  // with mu_ held
   int TakeHandedOver(const std::string& name, int wait_ms);  // with mu_ held; -1 if it never came
   void DrainHandovers();                                     // with mu_ held
+  bool ReadPeer(size_t i);  // with mu_ held: takes what peers_[i] sent; false while it has sent nothing
+
+  struct Peer {
+    int fd;
+    long pid;
+    std::chrono::steady_clock::time_point drop_at;
+  };
 
   std::mutex mu_;
   MapHook hook_ = nullptr;
   int listen_fd_ = -1;
   std::map<std::string, int> handed_over_;  // descriptors not yet named by a slot message
   std::deque<std::string> handed_over_order_;
+  std::deque<Peer> peers_;  // this user's hand-over peers that have not sent yet, oldest first
   std::map<std::string, Region> regions_;
   std::set<std::string> retired_;
   std::deque<std::string> retired_order_;  // oldest first, forgotten past kMaxRetired
