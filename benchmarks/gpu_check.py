@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BUDGET_S = 450  # the whole check: 7.5 minutes, within eight with room for start-up and the table
 # (title, module and arguments, cap in seconds): the caps add up to BUDGET_S at most.
 STEPS = (
-    ("TensorFlow: placement of every path, as planned?", ["-m", "tf_trainer.gpu_check", "--num-gpus", "1"], 150),
-    ("PyTorch: bandwidth and every path, one GPU", ["-m", "torch_trainer.gpu_check", "--num-gpus", "1"], 160),
-    ("TensorFlow: every default path, one GPU, short run", ["bench_input.py", "--framework", "tf"], 140),
+    ("TensorFlow: placement of every path, as planned?", ["-m", "tf_trainer.gpu_check", "--num-gpus", "1"], 120),
+    ("PyTorch: bandwidth and every path, one GPU", ["-m", "torch_trainer.gpu_check", "--num-gpus", "1"], 170),
+    ("TensorFlow: every default path, one GPU, short run", ["bench_input.py", "--framework", "tf"], 160),
 )
 # A short schedule in mixed precision (as the published rates): enough steps past start-up for a ratio.
 SHORT_RUN = ["--num-gpus", "1", "--use-fp16", "--warmup-steps", "10", "--steps", "30", "--repeats", "3"]
