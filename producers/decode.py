@@ -345,6 +345,14 @@ def _decode_with_pillow_fallback(
 # --------------------------------------------------------------------------- the source
 
 
+def _timed_read(path: Path) -> bytes:
+    """The file's bytes; the read's wall time goes to the `read` stage (storage waits use no CPU)."""
+    t0 = time.perf_counter()
+    data = path.read_bytes()
+    stage_seconds["read"] += time.perf_counter() - t0
+    return data
+
+
 @dataclass(frozen=True)
 class DecodeSource:
     """Batches decoded from an ImageNet-layout folder; picklable, each worker lists and shards it itself."""
@@ -380,11 +388,7 @@ class DecodeSource:
         if len(files) < self.workers:
             raise DatasetError(f"{len(files)} images in {self.root} cannot be shared by {self.workers} workers")
         root = Path(self.root)
-        if self.decoder.startswith("roi"):
-            library()  # a failed build stops the worker here, not as every file counted bad
-        decode = DECODERS[self.decoder]
-        if self.fallback and not self.decoder.startswith("roi"):  # the ROI decoder reads CMYK itself
-            decode = _decode_with_pillow_fallback(decode)
+        decode = self._decode_function()
         rng = random.Random(f"{self.seed}/{worker}")  # augmentation: different in every worker
         # A fixed shard per worker (every workers-th file), reshuffled every epoch: each file has one
         # owner, so a bad file is counted once and dropped from later epochs.
@@ -406,10 +410,7 @@ class DecodeSource:
             for i in shard:
                 path = root / files[i]
                 try:
-                    t0 = time.perf_counter()  # wall time: a read from storage waits without using the CPU
-                    data = path.read_bytes()
-                    stage_seconds["read"] += time.perf_counter() - t0
-                    decode(data, rng, images[k])
+                    decode(_timed_read(path), rng, images[k])
                 except Exception as e:
                     if self.on_bad_file == "fail":
                         raise BadFileError(f"cannot decode {path}: {e} (--on-bad-file skip skips such files)") from None
@@ -431,6 +432,14 @@ class DecodeSource:
                 shard = [i for i in shard if i not in bad]
             if not shard:
                 raise BadFileError(f"worker {worker}: no file of its shard of {self.root} decodes; nothing to send")
+
+    def _decode_function(self) -> Callable[[bytes, random.Random, np.ndarray], None]:
+        """This source's stack; the ROI decoder's library is built (or found) first."""
+        if self.decoder.startswith("roi"):
+            library()  # a failed build stops the worker here, not as every file counted bad
+            return DECODERS[self.decoder]  # it reads CMYK itself: no Pillow fallback
+        decode = DECODERS[self.decoder]
+        return _decode_with_pillow_fallback(decode) if self.fallback else decode
 
     def describe(self) -> str:
         return f"decode {self.root} -> {self.batch}x{self.image_size}x{self.image_size}x3 uint8 ({self.decoder})"
