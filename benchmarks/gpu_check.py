@@ -47,9 +47,9 @@ STEPS = (
 # A short schedule in mixed precision (as the published rates): enough steps past start-up for a ratio.
 SHORT_RUN = ["--num-gpus", "1", "--use-fp16", "--warmup-steps", "10", "--steps", "30", "--repeats", "3"]
 # The on-device baseline must reach this share of the GPU's published ResNet-50 rate (core/emulate.py, mixed
-# precision, tuned large-batch runs): a short run at batch 64 reaches well above it; far below, the GPU is
-# throttled, shared, or the trainer is wrong.
-MIN_SHARE_OF_PUBLISHED = 0.3
+# precision, tuned large-batch MXNet/DALI runs; TensorFlow without XLA and eager PyTorch at batch 64 reach
+# well under that, but not under a quarter): far below, the GPU is throttled, shared, or the trainer is wrong.
+MIN_SHARE_OF_PUBLISHED = 0.25
 # A path's slowdown (1 - ratio) and its input wait share may differ by this much before they disagree.
 WAIT_TOLERANCE = 0.15
 BASELINE = "gpu"
