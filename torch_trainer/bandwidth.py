@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=positive_int, default=7)
     a = p.parse_args(argv)
     nbytes = a.mb * 1_000_000
-    from torch_trainer.plugin import unseen_gpu_problem
+    from torch_trainer.gpu_visibility import unseen_gpu_problem
 
     problem = unseen_gpu_problem(torch)
     if problem:  # not "no GPU here": the machine has GPUs this torch cannot use

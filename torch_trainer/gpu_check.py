@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from torch_trainer.plugin import unseen_gpu_problem
+    from torch_trainer.gpu_visibility import unseen_gpu_problem
 
     problem = unseen_gpu_problem(torch)
     if problem:  # the driver has GPUs torch cannot use: a failed check, never "nothing to check"
