@@ -167,17 +167,9 @@ def _busy_cpu_seconds() -> float:
 
 def _own_cpu_seconds() -> float:
     """CPU seconds of this test process and every process it started: reaped, and still running."""
-    import resource
+    from profiler.cpu import tree_cpu_seconds
 
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    own = sum(u.ru_utime + u.ru_stime for u in usage)
-    for child in descendants(os.getpid()):
-        try:
-            t = child.cpu_times()
-            own += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            pass
-    return own
+    return tree_cpu_seconds(os.getpid()) or 0.0
 
 
 class MachineLoad:
