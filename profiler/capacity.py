@@ -112,8 +112,7 @@ class CapacitySearch:
         # at a rate falls short (at most MORE_STEPS steps; past that the interval stays open above).
         steps = 0
         while self.confirm and lo is not None and hi is not None and self._any_kept(hi):
-            if steps == MORE_STEPS:
-                hi = None
+            if steps == MORE_STEPS:  # no try above fell short: the interval stays open above
                 break
             hi *= max(hi / lo, 1 + self.tolerance)
             steps += 1
@@ -121,7 +120,11 @@ class CapacitySearch:
                 kept, _ = self._try(hi, repeat=True)
                 if kept:
                     break
-        sure = lo  # the search's own lower end, tried `confirm` more times: the interval's low end is read there
+        return self._answer(lo)
+
+    def _answer(self, sure: float | None) -> dict:
+        """The capacity, its interval and bracket, read from every probe; `sure` is the search's own lower end,
+        tried `confirm` more times: the interval's low end is read there."""
         lo, hi = self._bracket()
         # Never more than a probe delivered: a demand the devices could not step at (a rate beyond what this
         # machine emulates) is not a capacity of the path. Never less than a demand a probe kept up with.

@@ -84,27 +84,10 @@ def find_capacities(
     `confirm`: extra tries at each path's two decisive probes (0: one probe each, no interval to speak of).
     """
     towers = cfg.num_gpus
-    start = cfg.emulation["images_per_sec"]
-    preset_rate = start
-    # The first run of a process also pays for loading TensorFlow's kernels and the op; the others give the
-    # baseline's spread.
-    runs: list[dict] = []
-    for i in range(n := 2 + (1 if confirm else 0)):  # a line each: no minute of silence while they run
-        runs.append(run_path(probe_config(cfg, start, batch_given), BASELINE))
-        log(f"  gpu baseline run {i + 1}/{n}: {rate_text(runs[-1]['images_per_sec']['median'])} img/s")
-    base0 = max(runs, key=lambda r: r["images_per_sec"]["median"])
+    start = preset_rate = cfg.emulation["images_per_sec"]
+    base0, base_range = _baseline_runs(cfg, run_path, batch_given, log, confirm)
     base0_ips = base0["images_per_sec"]["median"]
-    base_range = [min(r["images_per_sec"]["median"] for r in runs[1:]), base0_ips]
     efficiency = base0_ips / (start * towers)
-    log(
-        f"  gpu baseline at {rate_text(start)} img/s per device: {rate_text(base0_ips)} img/s "
-        f"({100 * efficiency:.1f}% of the set {rate_text(start * towers)})"
-    )
-    if efficiency < LOW_EFFICIENCY:
-        log(
-            f"  note: the emulated devices step at only {100 * efficiency:.2g}% of the set rate on this machine; "
-            "each capacity is at most what its probes delivered"
-        )
 
     def baseline(rate: float) -> float:
         if rate == start:
@@ -138,6 +121,38 @@ def find_capacities(
     }
     _mark_overlaps(results)
     return results, {"images_per_sec": base0_ips, "efficiency": efficiency, "failed": failed}
+
+
+def _baseline_runs(
+    cfg: BenchConfig,
+    run_path: Callable[[BenchConfig, str], dict],
+    batch_given: bool,
+    log: Callable[[str], None],
+    confirm: int,
+) -> tuple[dict, list[float]]:
+    """(the best baseline run at the preset's rate, [the least of the others, the best]), each said as it ends.
+
+    The first run of a process also pays for loading TensorFlow's kernels and the op; the others give the
+    baseline's spread.
+    """
+    start, towers = cfg.emulation["images_per_sec"], cfg.num_gpus
+    runs: list[dict] = []
+    for i in range(n := 2 + (1 if confirm else 0)):  # a line each: no minute of silence while they run
+        runs.append(run_path(probe_config(cfg, start, batch_given), BASELINE))
+        log(f"  gpu baseline run {i + 1}/{n}: {rate_text(runs[-1]['images_per_sec']['median'])} img/s")
+    best = max(runs, key=lambda r: r["images_per_sec"]["median"])
+    ips = best["images_per_sec"]["median"]
+    efficiency = ips / (start * towers)
+    log(
+        f"  gpu baseline at {rate_text(start)} img/s per device: {rate_text(ips)} img/s "
+        f"({100 * efficiency:.1f}% of the set {rate_text(start * towers)})"
+    )
+    if efficiency < LOW_EFFICIENCY:
+        log(
+            f"  note: the emulated devices step at only {100 * efficiency:.2g}% of the set rate on this machine; "
+            "each capacity is at most what its probes delivered"
+        )
+    return best, [min(r["images_per_sec"]["median"] for r in runs[1:]), ips]
 
 
 def _path_capacity(
