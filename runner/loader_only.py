@@ -12,11 +12,15 @@ anywhere: this is the loader's own ceiling.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
@@ -26,6 +30,7 @@ from producers import parent
 from producers.launcher import stop_workers
 from producers.loader import worker_seed
 from profiler.cpu import tree_cpu_seconds
+from runner import shutdown
 
 # Per worker, in shared memory: batches so far, images in the window, window start, last batch end.
 _FIELDS = 4
@@ -97,9 +102,15 @@ def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Conne
 def measure(opts: Options, workers: int) -> dict:
     """One point: `workers` copies of the loader; images/s in total and per worker, and CPU cores used."""
     spawn = mp.get_context("spawn")
+    shutdown.start_resource_tracker()
     shared = spawn.RawArray("d", workers * _FIELDS)
     go, stop = spawn.RawValue("b", 0), spawn.RawValue("b", 0)
     procs, readers = [], []
+
+    def stop_all() -> None:
+        stop_workers(procs, readers, stop)
+
+    shutdown.register(stop_all)  # Ctrl-C or SIGTERM: the workers stop their loaders (DataLoader workers too)
     try:
         for i in range(workers):
             reader, writer = spawn.Pipe(duplex=False)
@@ -162,7 +173,34 @@ def measure(opts: Options, workers: int) -> dict:
             "window_s": wall,
         }
     finally:
+        shutdown.unregister(stop_all)
         stop_workers(procs, readers, stop)
+
+
+@contextlib.contextmanager
+def private_tmpdir() -> Iterator[str]:
+    """TMPDIR for the workers: a folder of the sweep's own, removed at the end or on Ctrl-C/SIGTERM.
+
+    A worker stopped mid-way, and its DataLoader's worker processes, leave
+    multiprocessing's pymp-* folders (and whatever the loader wrote there) behind.
+    """
+    folder = tempfile.mkdtemp(prefix="fb-")  # short: sockets go in it, and their paths are limited
+    before = os.environ.get("TMPDIR")
+
+    def remove() -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+    os.environ["TMPDIR"] = folder  # spawned workers read it when they start
+    shutdown.register(remove)
+    try:
+        yield folder
+    finally:
+        shutdown.unregister(remove)
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        remove()
 
 
 def sweep(opts: Options, counts: list[int], progress=None) -> list[dict]:
@@ -201,9 +239,10 @@ def main(args) -> int:
         f"{opts.seconds:g} s each after {opts.warmup_batches} warm-up batches",
         flush=True,
     )
-    rows = sweep(
-        opts, counts, lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True)
-    )
+    with private_tmpdir():
+        rows = sweep(
+            opts, counts, lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True)
+        )
     stages = None
     if not args.no_stages:
         from core.loader_stages import profile

@@ -89,6 +89,20 @@ def install(announce: bool = True) -> None:
     threading.Thread(target=_watch, name="feedbench-shutdown", daemon=True).start()
 
 
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker now, and block the signals again in this thread.
+
+    Starting it (which the first spawned process or shared array does)
+    unblocks SIGINT and SIGTERM in the calling thread, so the default action
+    would kill the process instead of the watcher taking the signal.
+    """
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    if _installed:
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+
 def unblock_in_child() -> None:
     """Child processes inherit the blocked mask; producers take signals the normal way."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)

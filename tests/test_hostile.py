@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -327,3 +328,87 @@ def test_idle_peers_on_the_hand_over_socket_do_not_stall_an_shm_consumer(procs, 
     # Not a speed check: the consumer's own 10 s receive timeout must hold (the Python consumer used to spend
     # 30 s draining the idle peers and deliver late instead of failing).
     assert waited < 10, f"the first batches took {waited:.0f} s, past the consumer's 10 s receive timeout"
+
+
+# --------------------------------------------------------------------------- 4: signals once --loader-only's workers run
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> str:
+    """A small ImageNet-layout folder of real JPEGs."""
+    root = tmp_path_factory.mktemp("hostile-data") / "data"
+    subprocess.run(
+        [sys.executable, "-m", "producers", "make-dataset", str(root), "--classes", "2", "--per-class", "8"],
+        cwd=ROOT, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return str(root)
+
+
+def _wait_for_processes(pid: int, n: int, limit_s: float = 120) -> None:
+    """Until process `pid` has at least `n` descendants (the sweep's workers and their DataLoader workers)."""
+    import psutil
+
+    end = time.monotonic() + limit_s
+    proc = psutil.Process(pid)
+    while len(proc.children(recursive=True)) < n:
+        assert time.monotonic() < end, "the sweep's workers never started"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_once_loader_only_workers_run_ends_in_one_line_with_nothing_left(photos, ipc_dir, sig):
+    tmpdir = ipc_dir  # short: multiprocessing puts sockets in TMPDIR, and their paths are limited
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmpdir)}
+    p = subprocess.Popen(
+        [sys.executable, "bench_input.py", "--loader", "examples/torchvision_imagefolder.py:make_loader",
+         "--loader-arg", f"data={photos}", "--loader-arg", "num_workers=1", "--loader-only", "--loader-workers", "1",
+         "--loader-seconds", "60", "--loader-arg", "batch_size=4", "--loader-arg", "image_size=32"],
+        cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    _wait_for_processes(p.pid, 3)  # resource tracker or not: the worker and its DataLoader worker at least
+    time.sleep(1)  # into the measured window
+    p.send_signal(sig)
+    code, _, err = finish(p, 60)
+    assert code == 128 + sig, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        f"interrupted ({signal.Signals(sig).name}): stopping producers; no results written"
+    ] or "interrupted" in err, err
+    assert left_in_session(p.pid) == []
+    # torch keeps its compile cache (torchinductor_<user>) in TMPDIR by design; nothing else may stay
+    assert [f for f in os.listdir(tmpdir) if not f.startswith("torchinductor_")] == [], "left in TMPDIR"
+
+
+DIES = """
+import os
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class D(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 5:
+            os._exit(1)  # the DataLoader worker dies
+        return torch.zeros(8, 8, 3, dtype=torch.uint8), i
+
+def make():
+    return DataLoader(D(), batch_size=4, num_workers=1)
+"""
+
+
+def test_a_dataloader_worker_that_dies_under_loader_only_leaves_nothing_in_tmpdir(tmp_path, ipc_dir):
+    (tmp_path / "dies.py").write_text(DIES)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": ipc_dir}
+    p = subprocess.Popen(
+        [sys.executable, "bench_input.py", "--loader", f"{tmp_path}/dies.py:make", "--loader-only",
+         "--loader-workers", "1", "--loader-seconds", "1", "--no-stages"],
+        cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    code, _, err = finish(p, 120)
+    assert code == 2, err[-2000:]
+    [line] = error_lines(err)
+    assert "DataLoader worker" in line and "exited unexpectedly" in line, line
+    assert left_in_session(p.pid) == []
+    assert [f for f in os.listdir(ipc_dir) if not f.startswith("torchinductor_")] == [], "left in TMPDIR"
