@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_loader import data as photos  # noqa: F401  (a fixture: a small JPEG folder)
 from test_loader import error_lines, finish, left_in_session, start
 
 from consumers.zmq_pull import PullConsumer
@@ -333,17 +334,6 @@ def test_idle_peers_on_the_hand_over_socket_do_not_stall_an_shm_consumer(procs, 
 # --------------------------------------------------------------------------- 4: signals once --loader-only's workers run
 
 
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory) -> str:
-    """A small ImageNet-layout folder of real JPEGs."""
-    root = tmp_path_factory.mktemp("hostile-data") / "data"
-    subprocess.run(
-        [sys.executable, "-m", "producers", "make-dataset", str(root), "--classes", "2", "--per-class", "8"],
-        cwd=ROOT, check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    return str(root)
-
-
 def _wait_for_processes(pid: int, n: int, limit_s: float = 120) -> None:
     """Until process `pid` has at least `n` descendants (the sweep's workers and their DataLoader workers)."""
     import psutil
@@ -356,7 +346,7 @@ def _wait_for_processes(pid: int, n: int, limit_s: float = 120) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_once_loader_only_workers_run_ends_in_one_line_with_nothing_left(photos, ipc_dir, sig):
+def test_a_signal_once_loader_only_workers_run_ends_in_one_line_with_nothing_left(photos, ipc_dir, sig):  # noqa: F811
     tmpdir = ipc_dir  # short: multiprocessing puts sockets in TMPDIR, and their paths are limited
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmpdir)}
     p = subprocess.Popen(
