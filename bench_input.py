@@ -227,6 +227,27 @@ def _variable_update(text: str) -> str:
     return text
 
 
+def check_places(args) -> None:
+    """Refuse, before anything runs, an empty or '-' output name and a --profile place that is no folder."""
+    import os
+
+    from core.errors import ConfigError
+
+    for flag, value in (("--json", args.json_path), ("--out", args.out), ("--profile", args.profile_dir)):
+        if value is not None and value.strip() in ("", "-"):
+            raise ConfigError(f"{flag} {value!r}: give the name of a file or folder to write (not stdout)")
+    place = args.profile_dir
+    if place is None:
+        return
+    if os.path.exists(place) and not os.path.isdir(place):
+        raise ConfigError(f"--profile {place}: exists and is not a folder; the trace needs a folder")
+    parent = place if os.path.isdir(place) else os.path.dirname(os.path.abspath(place))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--profile {place}: no such folder {parent}; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--profile {place}: cannot write in {parent} (read-only or not permitted)")
+
+
 def config_from(args, paths: dict):
     """The run's BenchConfig: the chosen path after the baseline, or the registry's default run."""
     from core.config import BenchConfig
@@ -299,6 +320,7 @@ def _main(argv: list[str]) -> int:
         from core.loader_spec import absolute_target
 
         args.loader = absolute_target(args.loader)  # producers and ranks run in the project's folder
+    check_places(args)
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
     if args.loader_only:
         if not args.loader:

@@ -73,12 +73,30 @@ def parse_args(texts: list[str] | tuple[str, ...] | None) -> tuple[tuple[str, An
         key = key.strip()
         if not sep or not key.isidentifier():
             raise LoaderError(f"--loader-arg {text!r}: expected key=value, e.g. --loader-arg batch_size=32")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
+        value = _literal(key, raw)
         out.append((key, value))
     return tuple(out)
+
+
+MAX_ARG_CHARS = 10_000  # a --loader-arg value longer than this is refused, not parsed
+MAX_ARG_DEPTH = 32  # nor one nested deeper: ast.literal_eval would run out of memory or recursion
+
+
+def _literal(key: str, raw: str) -> Any:
+    """The value as a Python literal where it is one, else the text itself; bounded in size and depth."""
+    if len(raw) > MAX_ARG_CHARS:
+        raise LoaderError(f"--loader-arg {key}: {len(raw)} characters; at most {MAX_ARG_CHARS}")
+    depth = deepest = 0
+    for c in raw:
+        depth += c in "([{"
+        depth -= c in ")]}"
+        deepest = max(deepest, depth)
+    if deepest > MAX_ARG_DEPTH:
+        raise LoaderError(f"--loader-arg {key}: nested {deepest} deep; at most {MAX_ARG_DEPTH}")
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return raw
 
 
 @dataclass(frozen=True)
@@ -194,7 +212,9 @@ class LoaderSpec:
         try:
             return fn(**kwargs)
         except TypeError as e:
-            raise LoaderError(f"loader {self.name}: calling it with {_kw_words(kwargs)} raised {exception_words(e)}") from None
+            raise LoaderError(
+                f"loader {self.name}: calling it with {_kw_words(kwargs)} raised {exception_words(e)}"
+            ) from None
         except (Exception, SystemExit) as e:
             raise LoaderError(f"loader {self.name}: calling it raised {exception_words(e)}") from None
 

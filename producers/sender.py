@@ -103,6 +103,23 @@ class _Telemetry:
             self._reset(now)
 
 
+MAX_LINGER_MS = 2**31 - 1  # ZMQ_LINGER is a C int
+
+
+def _linger_ms(give_up_after: float | None) -> int:
+    """How long closing waits for queued batches to reach the consumer: --give-up-after, as ZMQ can hold it."""
+    return min(int(give_up_after * 1000), MAX_LINGER_MS) if give_up_after else -1
+
+
+def _pace(until: float, should_stop: Callable[[], bool]) -> None:
+    """Sleep until `until` (perf_counter; may be inf for an absurdly low --rate), waking to see should_stop()."""
+    while not should_stop():
+        left = until - time.perf_counter()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.1))
+
+
 def _deadline(give_up_after: float | None) -> float:
     """The monotonic time to give up at; infinity for None (no consumer yet) or 0 (never)."""
     return time.monotonic() + give_up_after if give_up_after else math.inf
@@ -347,7 +364,7 @@ def run(
             images = len(arrays[0])
             if cfg.rate:
                 # Pace against the start, so a stall does not let the producer burst afterwards.
-                time.sleep(max(0.0, t_start + seq * images / cfg.rate - t1))
+                _pace(t_start + seq * images / cfg.rate, should_stop)
             t2 = time.perf_counter()
             extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
             nbytes = STALE
@@ -376,7 +393,7 @@ def run(
         # Let queued messages reach the consumer, but not forever if it is gone or we were stopped.
         sock.disable_monitor()
         monitor.close(0)
-        sock.close(linger=0 if should_stop() else int(cfg.give_up_after * 1000) if cfg.give_up_after else -1)
+        sock.close(linger=0 if should_stop() else _linger_ms(cfg.give_up_after))
         if auth is not None:
             auth.stop()
         ctx.term()

@@ -14,6 +14,7 @@ import csv
 import io
 import itertools
 import json
+import math
 import os
 from dataclasses import replace
 
@@ -101,7 +102,7 @@ def split_args(argv: list[str], known_paths: list[str]) -> tuple[dict[str, list]
     `known_paths` are the input path names a --fake-location list may hold.
     Without --sweep, returns (None, argv) untouched.
     """
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--sweep", action="store_true")
     pre.add_argument("--fake-location")
     pre.add_argument("--num-gpus")
@@ -109,7 +110,12 @@ def split_args(argv: list[str], known_paths: list[str]) -> tuple[dict[str, list]
     pre.add_argument("--use-fp16", nargs="?", const="true")
     pre.add_argument("--use-xla-compile", nargs="?", const="true")
     pre.add_argument("--emulate-rate")
-    known, rest = pre.parse_known_args(argv)
+    try:
+        known, rest = pre.parse_known_args(argv)
+    except argparse.ArgumentError as e:  # "--batch -2,2": a list that starts with '-' reads as a flag
+        if "--sweep" not in argv:
+            return None, argv  # the normal parser says what is wrong
+        raise SweepError(f"{e} (a list that starts with '-' takes the = form: --batch=-2,2)") from None
     if not known.sweep:
         return None, argv
     grid: dict[str, list] = {}
@@ -128,8 +134,8 @@ def split_args(argv: list[str], known_paths: list[str]) -> tuple[dict[str, list]
             rates = [float(x) for x in known.emulate_rate.split(",") if x.strip()]
         except ValueError:
             raise SweepError(f"--emulate-rate {known.emulate_rate}: not a list of numbers") from None
-        if not rates or min(rates) <= 0:
-            raise SweepError(f"--emulate-rate {known.emulate_rate}: every rate must be more than 0")
+        if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+            raise SweepError(f"--emulate-rate {known.emulate_rate}: every rate must be a finite number above 0")
         grid["emulate_rate"] = rates
         rest = [*rest, "--model", "emulated"]
     for flag, value in (("use_fp16", known.use_fp16), ("use_xla_compile", known.use_xla_compile)):

@@ -402,3 +402,58 @@ def test_a_dataloader_worker_that_dies_under_loader_only_leaves_nothing_in_tmpdi
     assert "DataLoader worker" in line and "exited unexpectedly" in line, line
     assert left_in_session(p.pid) == []
     assert [f for f in os.listdir(ipc_dir) if not f.startswith("torchinductor_")] == [], "left in TMPDIR"
+
+
+# --------------------------------------------------------------------------- 5-8, 15: flags refused in one line
+
+REFUSED = {
+    "deep literal": (["--loader", "examples/torchvision_imagefolder.py:make_loader", "--loader-only",
+                      "--loader-arg", "x=" + "[" * 3000 + "]" * 3000], "--loader-arg x: nested 3000 deep"),
+    "long literal": (["--loader", "examples/torchvision_imagefolder.py:make_loader", "--loader-only",
+                      "--loader-arg", "x=" + "1" * 60_000], "--loader-arg x: 60000 characters"),
+    "nested literal": (["--loader", "examples/torchvision_imagefolder.py:make_loader", "--loader-only",
+                        "--loader-arg", "x=" + "(" * 40 + ")" * 40], "--loader-arg x: nested 40 deep"),
+    "nan rate": (["--sweep", "--emulate-rate", "nan,5", "--fake-location", "gpu"],
+                 "--emulate-rate nan,5: every rate must be a finite number above 0"),
+    "inf rate": (["--sweep", "--emulate-rate", "inf,5", "--fake-location", "gpu"],
+                 "--emulate-rate inf,5: every rate must be a finite number above 0"),
+    "negative batch list": (["--sweep", "--batch", "-2,2", "--fake-location", "gpu"],
+                            "argument --batch: expected one argument"),
+    "profile onto a file": (["--profile", "{file}", "--fake-location", "gpu"], "exists and is not a folder"),
+    "json to stdout": (["--json", "-", "--fake-location", "gpu"], "--json '-': give the name"),
+    "empty json": (["--json", "", "--fake-location", "gpu"], "--json '': give the name"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_bad_flag_is_refused_in_one_line_before_anything_runs(tmp_path, case):
+    args, words = REFUSED[case]
+    (tmp_path / "file").write_text("")
+    args = [a.replace("{file}", str(tmp_path / "file")) for a in args]
+    p = subprocess.Popen([sys.executable, "bench_input.py", *args], cwd=ROOT,
+                         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    code, _, err = finish(p, 120)
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err and "usage:" not in err, err[-2000:]
+    [line] = error_lines(err)
+    assert words in line, line
+    assert not (ROOT / "-").exists()
+
+
+def test_a_producer_with_an_enormous_give_up_after_or_a_tiny_rate_ends_cleanly(ipc_dir):
+    """--give-up-after 1e7 overflowed ZMQ's linger (an int); --rate 1e-300 a sleep; both once batches were sent."""
+    endpoint = f"ipc://{ipc_dir}/feed"
+    small = ("--batch", "2", "--image-size", "4", "--quiet")
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        p = start("-m", "producers", "synthetic", "--endpoint", endpoint, "--count", "3", "--give-up-after", "1e7",
+                  *small)  # fmt: skip
+        for _ in range(3):
+            c.recv()
+    code, _, err = finish(p, 60)
+    assert code == 0 and "Traceback" not in err, err
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        p = start("-m", "producers", "synthetic", "--endpoint", endpoint, "--rate", "1e-300", *small)
+        c.recv()  # the first batch goes at once; the next would be due in 1e300 s
+        p.send_signal(signal.SIGTERM)
+        code, _, err = finish(p, 60)
+    assert code in (0, 143) and "Traceback" not in err and "Overflow" not in err, err
