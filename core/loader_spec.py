@@ -522,6 +522,8 @@ class Batcher:
                 )
             raise self.fail(f"images have shape {shape}; expected 3 channels last (N, H, W, 3)")
         n, h, w, _ = shape
+        if n == 0:
+            raise self.fail(f"images have shape {shape}: a batch of no images (an empty shard, or a batch_size of 0?)")
         if h != w:
             raise self.fail(f"images are {h}x{w}; the model takes square images (crop or resize to SxS)")
         if self.expect_size is not None and h != self.expect_size:

@@ -84,6 +84,30 @@ def sample_hangs():
 
 def sample_raises():
     return Samples(raise_at=8)
+
+def empty_batches():
+    while True:
+        yield np.zeros((0, 8, 8, 3), np.uint8), np.zeros(0, np.int64)
+"""
+
+ODD = """
+import torch
+import tensorflow as tf
+from torch.utils.data import DataLoader, Dataset
+
+class B(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.zeros(8, 8, 3, dtype=torch.bfloat16), i
+
+def bf16():
+    return DataLoader(B(), batch_size=2)
+
+def finite(batch_size=2, image_size=8):
+    x = tf.zeros((8, image_size, image_size, 3), tf.uint8)
+    return tf.data.Dataset.from_tensor_slices((x, tf.range(8))).batch(batch_size, drop_remainder=True)
 """
 
 BAD_IMPORTS = {
@@ -457,3 +481,32 @@ def test_a_producer_with_an_enormous_give_up_after_or_a_tiny_rate_ends_cleanly(i
         p.send_signal(signal.SIGTERM)
         code, _, err = finish(p, 60)
     assert code in (0, 143) and "Traceback" not in err and "Overflow" not in err, err
+
+
+# --------------------------------------------------------------------------- 13: what the line says
+
+
+def test_empty_batches_are_named_as_such(hostile):
+    p = start("bench_input.py", "--loader", f"{hostile}:empty_batches", "--loader-only", "--loader-workers", "1",
+              "--loader-timeout", "3", "--no-stages")  # fmt: skip
+    code, _, err = finish(p, 120)
+    assert code == 2, err[-2000:]
+    [line] = error_lines(err)
+    assert f"loader {hostile}:empty_batches: batch 1:" in line and "a batch of no images" in line, line
+    assert "--batch 0" not in line
+
+
+@pytest.mark.parametrize(("framework", "name"), [("torch", "bf16"), ("tf", "finite")])
+def test_a_rank_names_the_loader_of_bf16_tensors_and_a_finite_tf_data_is_passed_over_again(tmp_path, framework, name):
+    (tmp_path / "odd.py").write_text(ODD)
+    p = start("bench_input.py", "--framework", framework, "--fake-location", "loader", "--loader",
+              f"{tmp_path}/odd.py:{name}", "--emulate-rate", "100", "--num-gpus", "1", "--batch", "2", "--image-size",
+              "8", "--warmup-steps", "2", "--steps", "10", "--repeats", "1")  # fmt: skip
+    code, _, err = finish(p, 240)
+    if name == "finite":  # 4 batches a pass, 12 steps: passed over again, as the other loaders are
+        assert code == 0, err[-2000:]
+    else:
+        assert code == 2, err[-2000:]
+        [line] = error_lines(err)
+        assert f"loader {tmp_path}/odd.py:bf16: batch 1: images torch.bfloat16" in line, line
+    assert left_in_session(p.pid) == []

@@ -104,4 +104,5 @@ class UserLoader(TFInputPath):
             return images, labels
 
         # tensorpack's TFDatasetInput reads the graph-mode (v1) dataset API: wrap the user's dataset in one.
-        return tf.compat.v1.data.Dataset.zip((ds,)).map(fit)
+        # Pass after pass, as the other loaders are read: a finite dataset does not end the run mid-way.
+        return tf.compat.v1.data.Dataset.zip((ds,)).map(fit).repeat()

@@ -24,6 +24,7 @@ from core.loader_spec import (
     LoaderSpec,
     _pair,
     batches,
+    exception_words,
     guarded,
     kind_of,
     prepare_dataloader,
@@ -98,7 +99,11 @@ class UserLoader(TorchInputPath):
         if pair is None or not all(isinstance(t, torch.Tensor) for t in pair):
             raise LoaderError(f"loader {self.cfg.loader}: its DataLoader yields no (images, labels) tensors")
         images, labels = pair
-        self.batcher.check(images.numpy(), np.asarray(labels.numpy()))  # views: nothing copied
+        try:
+            as_numpy = images.numpy(), np.asarray(labels.numpy())  # views: nothing copied
+        except (TypeError, RuntimeError) as e:  # bfloat16, sparse or otherwise unreadable tensors
+            raise self.batcher.fail(f"images {images.dtype}, labels {labels.dtype}: {exception_words(e)}") from None
+        self.batcher.check(*as_numpy)
         self.batcher.count += 1
         # From the pin thread's pinned tensors; the labels widened on the device, after the copy.
         images, labels = to_device((images, labels), self.ctx.device)
