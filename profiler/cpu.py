@@ -29,6 +29,7 @@ THREAD_STAGES: tuple[tuple[str, re.Pattern], ...] = (
     ("receive (op)", re.compile(r"zmq_pull")),  # the zmq_ops op's receive thread pool
     ("receive (python)", re.compile(r"Enqueue|QueueInput|feedbench-pull", re.I)),  # tensorpack's feeding thread
     ("tf.data", re.compile(r"^tf_data", re.I)),
+    ("loader", re.compile(r"^feedbench-loader")),  # a --loader iterated in the trainer (core/loader_spec.py)
     ("receive (zmq io)", re.compile(r"^ZMQbg/(IO|Reaper)")),  # libzmq's I/O threads (consumer side)
 )
 

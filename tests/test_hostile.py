@@ -85,6 +85,14 @@ def sample_hangs():
 def sample_raises():
     return Samples(raise_at=8)
 
+def hungry():
+    # Burns 20 ms of CPU for every batch, on the thread that iterates it.
+    while True:
+        end = time.process_time() + 0.02
+        while time.process_time() < end:
+            pass
+        yield np.ones((2, 8, 8, 3), np.uint8), np.arange(2)
+
 def empty_batches():
     while True:
         yield np.zeros((0, 8, 8, 3), np.uint8), np.zeros(0, np.int64)
@@ -510,3 +518,18 @@ def test_a_rank_names_the_loader_of_bf16_tensors_and_a_finite_tf_data_is_passed_
         [line] = error_lines(err)
         assert f"loader {tmp_path}/odd.py:bf16: batch 1: images torch.bfloat16" in line, line
     assert left_in_session(p.pid) == []
+
+
+# --------------------------------------------------------------------------- 9: the loader's CPU inside the trainer
+
+
+@pytest.mark.timing
+def test_a_cpu_hungry_loader_inside_tensorflow_is_counted_as_input_cpu(hostile, tmp_path):
+    js = tmp_path / "run.json"
+    p = start("bench_input.py", "--fake-location", "loader", "--loader", f"{hostile}:hungry", "--emulate-rate", "100",
+              "--num-gpus", "1", "--batch", "2", "--image-size", "8", "--warmup-steps", "2", "--steps", "30",
+              "--repeats", "1", "--json", str(js))  # fmt: skip
+    code, _, err = finish(p, 300)
+    assert code == 0, err[-2000:]
+    cpu = json.loads(js.read_text())["paths"]["loader"]["attribution"]["cpu"]
+    assert cpu["input_cores"] > 0.1, cpu  # the loader's thread: not the trainer's step
