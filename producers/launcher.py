@@ -74,6 +74,13 @@ def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: 
         code = sender.FAILED
     if code == sender.CONSUMER_GONE:
         report("gone", f"no consumer took a batch for {cfg.give_up_after:g} s")
+    if code == sender.SLOTS_HELD:
+        report(
+            "gone",
+            f"the consumer gave none of this worker's shm slots back for {cfg.give_up_after:g} s (it holds every "
+            "batch it took, or stopped reading; --shm-slots sets how many a worker has)",
+        )
+        code = sender.CONSUMER_GONE
     status.close()
     sys.exit(code)
 

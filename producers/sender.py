@@ -24,6 +24,7 @@ Source = Callable[[int], Iterator[tuple[np.ndarray, ...]]]
 
 # Exit codes of a worker (and of the producer process as a whole).
 DONE, FAILED, BAD_ENDPOINT, CONSUMER_GONE = 0, 1, 2, 3
+SLOTS_HELD = 4  # shm://: the consumer is there but gave no slot back in time (it exits as CONSUMER_GONE)
 
 
 @dataclass(frozen=True)
@@ -357,7 +358,7 @@ def run(
             t0 = time.perf_counter()
             arrays = next(batches, None)
             if slots is not None and slots.gone:
-                return CONSUMER_GONE
+                return SLOTS_HELD
             if arrays is None:  # a finite source ran out
                 break
             t1 = time.perf_counter()
@@ -372,8 +373,8 @@ def run(
                 frames = None
                 if slots is not None:
                     slot, offsets = slots.prepare(arrays)
-                    if slot is None:  # no slot came back: the consumer stopped reading
-                        return DONE if should_stop() else CONSUMER_GONE
+                    if slot is None:  # no slot came back: the consumer holds them all, or stopped reading
+                        return DONE if should_stop() else SLOTS_HELD
                     frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)
                 stale = slots.moved_on if slots is not None else lambda: False
                 ready = slots.handed_over if slots is not None else lambda: True

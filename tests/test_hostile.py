@@ -533,3 +533,23 @@ def test_a_cpu_hungry_loader_inside_tensorflow_is_counted_as_input_cpu(hostile, 
     assert code == 0, err[-2000:]
     cpu = json.loads(js.read_text())["paths"]["loader"]["attribution"]["cpu"]
     assert cpu["input_cores"] > 0.1, cpu  # the loader's thread: not the trainer's step
+
+
+def test_a_consumer_holding_every_slot_is_named_by_the_producer(procs):
+    """The consumer is there and reads, but keeps every slot: the producer says so, not 'no consumer took a batch'."""
+    from zmq_ops.receiver import Receiver
+
+    endpoint = f"shm://fb-hold-{os.getpid()}"
+    specs = [("uint8", (2, 4, 4, 3)), ("int32", (2,))]
+    ring = [[np.zeros(s, d) for d, s in specs] for _ in range(8)]
+    with Receiver(endpoint, specs, ring, hwm=1, timeout_ms=30_000) as r:
+        p = procs.producer(endpoint, "--batch", "2", "--image-size", "4", "--shm-slots", "2", "--hwm", "1",
+                           "--give-up-after", "2")  # fmt: skip
+        held = [r.next() for _ in range(2)]  # both slots of the worker's region, never released
+        code = p.wait(60)
+        err = p.stderr.read()
+        for i in held:
+            r.release(i)
+    assert code == 3, err
+    assert "gave none of this worker's shm slots back for 2 s" in err, err
+    assert "no consumer took a batch" not in err
