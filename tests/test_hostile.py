@@ -439,11 +439,11 @@ def test_a_dataloader_worker_that_dies_under_loader_only_leaves_nothing_in_tmpdi
 # --------------------------------------------------------------------------- 5-8, 15: flags refused in one line
 
 REFUSED = {
-    "deep literal": (["--loader", "examples/torchvision_imagefolder.py:make_loader", "--loader-only",
+    "deep literal": (["--loader", f"{ROOT}/examples/torchvision_imagefolder.py:make_loader", "--loader-only",
                       "--loader-arg", "x=" + "[" * 3000 + "]" * 3000], "--loader-arg x: nested 3000 deep"),
-    "long literal": (["--loader", "examples/torchvision_imagefolder.py:make_loader", "--loader-only",
+    "long literal": (["--loader", f"{ROOT}/examples/torchvision_imagefolder.py:make_loader", "--loader-only",
                       "--loader-arg", "x=" + "1" * 60_000], "--loader-arg x: 60000 characters"),
-    "nested literal": (["--loader", "examples/torchvision_imagefolder.py:make_loader", "--loader-only",
+    "nested literal": (["--loader", f"{ROOT}/examples/torchvision_imagefolder.py:make_loader", "--loader-only",
                         "--loader-arg", "x=" + "(" * 40 + ")" * 40], "--loader-arg x: nested 40 deep"),
     "nan rate": (["--sweep", "--emulate-rate", "nan,5", "--fake-location", "gpu"],
                  "--emulate-rate nan,5: every rate must be a finite number above 0"),
@@ -462,14 +462,15 @@ def test_a_bad_flag_is_refused_in_one_line_before_anything_runs(tmp_path, case):
     args, words = REFUSED[case]
     (tmp_path / "file").write_text("")
     args = [a.replace("{file}", str(tmp_path / "file")) for a in args]
-    p = subprocess.Popen([sys.executable, "bench_input.py", *args], cwd=ROOT,
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, str(ROOT / "bench_input.py"), *args], cwd=tmp_path, env=env,
                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     code, _, err = finish(p, 120)
     assert code == 2, err[-2000:]
     assert "Traceback" not in err and "usage:" not in err, err[-2000:]
     [line] = error_lines(err)
     assert words in line, line
-    assert not (ROOT / "-").exists()
+    assert not (tmp_path / "-").exists()
 
 
 def test_a_producer_with_an_enormous_give_up_after_or_a_tiny_rate_ends_cleanly(ipc_dir):
