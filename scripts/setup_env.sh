@@ -80,11 +80,13 @@ if [ "$gpu" = 1 ]; then
     cu12=$("$VENV/bin/python" -m pip list --format=freeze 2>/dev/null | sed -n 's/^\(nvidia-[a-z-]*-cu12\)==.*/\1/p' \
            | grep -v -E 'nvjpeg|nvimgcodec|nvtiff|nvcomp|dali' || true)
     if [ -n "$cu12" ]; then "$VENV/bin/python" -m pip uninstall -y -q $cu12; fi
+    echo "setup: installing TensorFlow 2.21 with its CUDA 12 libraries (several GB; minutes)"
     "${pip[@]}" --target "$TF_GPU" "tensorflow[and-cuda]==2.21.0"
     echo "$(cd "$TF_GPU" && pwd)" > "$site/feedbench-tensorflow-cuda12.pth"
     reinstall_torch_cuda=1
   fi
 elif ! have_dist tensorflow; then
+  echo "setup: installing TensorFlow 2.21 (about 600 MB; a minute or two)"
   "${pip[@]}" "tensorflow==2.21.0"
 fi
 "${pip[@]}" --no-deps "tf_keras==2.21.0"
@@ -109,6 +111,7 @@ if [ -n "$suffix" ]; then
   fi
 fi
 if ! { have torch "$TORCH$suffix" && have torchvision "$TORCHVISION$suffix" && have spdl 0.8.0; }; then
+  echo "setup: installing PyTorch $TORCH, torchvision and SPDL (several GB; minutes)"
   "${pip[@]}" "${torch_index[@]}" "torch==$TORCH$suffix" "torchvision==$TORCHVISION$suffix" "spdl==0.8.0"
   # PyPI's Linux torch wheels are CUDA builds: libtorch links CUDA's runtime, cuDNN and NCCL, so those
   # stay even without a GPU. Triton (about 0.9 GB) only compiles GPU kernels: a CPU machine drops it.
@@ -125,5 +128,6 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in m.requires("torch") or 
 fi
 
 # The project itself (editable) with its test and DALI extras; this builds the zmq_ops op.
+echo "setup: installing feedbench itself with its test tools and DALI"
 "${pip[@]}" --no-build-isolation -e ".[test,dali]"
 echo "setup: ready ($VENV)"
