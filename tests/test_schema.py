@@ -91,3 +91,5 @@ def test_interleave_measures_each_path_in_runs_alternating_with_the_baseline(tmp
     lo, hi = r["uncertainty"]["ratio"]
     assert lo <= min(inter["ratios"]) + 1e-12 and max(inter["ratios"]) - 1e-12 <= hi
     assert "interleaved" not in doc["paths"]["gpu"]
+    # The gap the attribution splits is the ratio the table shows: the pairs', not the path's own run's.
+    assert r["attribution"]["ratio"] == inter["ratio"] and r["attribution"]["ratio_interval"] == [lo, hi]
