@@ -1,8 +1,10 @@
 """Exact per-producer accounting from the native header's sequence numbers.
 
 ZMQ keeps order on each connection, so for every producer the sequence
-numbers must arrive as 0, 1, 2, ...: a jump is loss, a repeat a duplicate,
-and a fresh 0 after a stream a producer that was restarted.
+numbers must arrive in order: a jump is loss, a repeat a duplicate, and a
+fresh 0 after a stream a producer that was restarted. The first number seen
+from a producer is where this consumer joined its stream (`joined_at`), not
+loss: the batches before it went to an earlier consumer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ class ProducerCount:
     duplicated: int = 0
     restarts: int = 0
     next_seq: int = 0
+    joined_at: int = -1  # the first seq seen from this producer; -1 before any
     last_sent: int = -1  # the producer's own count of batches sent, from its telemetry
     extras: dict = field(default_factory=dict)
 
@@ -32,7 +35,9 @@ class SeqTracker:
     def add(self, producer_id: int, seq: int, extras: dict | None = None) -> None:
         c = self.producers.setdefault(producer_id, ProducerCount())
         c.received += 1
-        if seq == c.next_seq:
+        if c.joined_at < 0:
+            c.joined_at = seq
+        elif seq == c.next_seq:
             pass
         elif seq > c.next_seq:
             c.lost += seq - c.next_seq
@@ -55,6 +60,7 @@ class SeqTracker:
                 "lost": c.lost,
                 "duplicated": c.duplicated,
                 "restarts": c.restarts,
+                "joined_at": c.joined_at,
             }
             for pid, c in sorted(self.producers.items())
         ]

@@ -104,7 +104,10 @@ constexpr int kHandshakeAuth = 0x4000;
 void SeqTracker::Add(uint32_t producer_id, uint64_t seq) {
   ProducerCount& c = producers_[producer_id];
   c.received += 1;
-  if (seq == c.next_seq) {
+  if (c.joined_at < 0) {
+    // where this consumer joined the stream: earlier batches went elsewhere
+    c.joined_at = static_cast<int64_t>(seq);
+  } else if (seq == c.next_seq) {
     // in order
   } else if (seq > c.next_seq) {
     c.lost += static_cast<int64_t>(seq - c.next_seq);

@@ -62,10 +62,12 @@ struct ConnectionOptions {
 };
 
 // Per-producer counts from native headers' (producer_id, seq), the same rules
-// as consumers/accounting.py: a jump is loss, a repeat a duplicate, a fresh 0
-// a restarted producer. Not thread-safe; Connection guards it.
+// as consumers/accounting.py: the first seq seen is where this consumer
+// joined (not loss), then a jump is loss, a repeat a duplicate, a fresh 0 a
+// restarted producer. Not thread-safe; Connection guards it.
 struct ProducerCount {
   int64_t received = 0, lost = 0, duplicated = 0, restarts = 0;
+  int64_t joined_at = -1;  // first seq seen; -1 before any
   uint64_t next_seq = 0;
 };
 
