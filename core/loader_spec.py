@@ -413,11 +413,16 @@ def sample_order(rng: np.random.Generator, n: int) -> Iterator[int]:
             yield from rng.integers(0, n, size=SHUFFLE_MAX)
 
 
-def raw_iterator(obj: Any, kind: str, batch: int, seed: int, name: str = "") -> Iterator[Any]:
+def raw_iterator(
+    obj: Any, kind: str, batch: int, seed: int, name: str = "", rebuild: Callable[[], Any] | None = None
+) -> Iterator[Any]:
     """The items the returned object yields, each a batch or a sample (not yet converted).
 
     A re-iterable object (a DataLoader, a tf.data.Dataset, a DataFlow, a list)
-    is passed over again and again; an iterator or generator once.
+    is passed over again and again. An iterator or generator is one pass: when
+    it ends, `rebuild()` (calling the loader again) gives the next, as a
+    training loop calls it per epoch, so a finite generator never starves the
+    run; without `rebuild`, one pass only.
     """
     if kind == "tf.data":
         return _epochs(name, obj.as_numpy_iterator)
@@ -431,8 +436,11 @@ def raw_iterator(obj: Any, kind: str, batch: int, seed: int, name: str = "") -> 
         rng = np.random.default_rng(seed)
         return (obj[int(i)] for i in sample_order(rng, n))
     first = iter(obj)
-    if first is obj:  # an iterator or a generator: one pass
-        return first
+    if first is obj:  # an iterator or a generator: one pass, then a new call per pass
+        if rebuild is None:
+            return first
+        calls = itertools.chain([first], (iter(rebuild()) for _ in itertools.count()))
+        return _epochs(name, lambda: next(calls))
     passes = itertools.chain([first], iter(lambda: iter(obj), None))
     return _epochs(name, lambda: next(passes))
 
@@ -670,7 +678,8 @@ def batches(
     if kind == "dataloader":
         prepare_dataloader(obj)
     try:
-        items = raw_iterator(obj, kind, expect_batch or batch, seed, spec.name)
+        rebuild = lambda: spec.build(seed, worker, num_workers, offer, timeout=timeout)  # noqa: E731
+        items = raw_iterator(obj, kind, expect_batch or batch, seed, spec.name, rebuild)
     except LoaderError:
         raise
     except Exception as e:

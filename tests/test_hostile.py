@@ -554,3 +554,27 @@ def test_a_consumer_holding_every_slot_is_named_by_the_producer(procs):
     assert code == 3, err
     assert "gave none of this worker's shm slots back for 2 s" in err, err
     assert "no consumer took a batch" not in err
+
+
+# --------------------------------------------------------------------------- 13: a generator that ends, as producers
+
+ONE_BATCH = """
+import numpy as np
+
+
+def fn(batch_size=2, image_size=8):
+    yield np.zeros((batch_size, image_size, image_size, 3), np.uint8), np.zeros((batch_size,), np.int32)
+"""
+
+
+@pytest.mark.parametrize(("framework", "path"), [("tf", "python-queue"), ("torch", "zmq-consume")])
+def test_a_generator_that_ends_after_one_batch_is_called_again_by_its_producers(tmp_path, framework, path):
+    """A generator loader is one pass; its producers call it again per pass, so 7 steps of a 1-batch generator run."""
+    (tmp_path / "one.py").write_text(ONE_BATCH)
+    p = start("bench_input.py", "--framework", framework, "--fake-location", path, "--loader", f"{tmp_path}/one.py:fn",
+              "--num-gpus", "1", "--batch", "2", "--image-size", "8", "--warmup-steps", "2", "--steps", "5",
+              "--repeats", "1", "--recv-timeout", "20", "--json", str(tmp_path / "r.json"))  # fmt: skip
+    code, _, err = finish(p, 240)
+    assert code == 0, err[-2000:]
+    assert path in json.loads((tmp_path / "r.json").read_text())["paths"]
+    assert left_in_session(p.pid) == []
