@@ -225,7 +225,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A `timing` test compares rates or CPU shares: beside other tests' processes it would measure them, not
     the code. Under parallel workers it is skipped (`make test` runs these alone afterwards); alone, each is
     measured again when it fails, a bounded number of times, with the machine's load in the message."""
-    parallel = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+    # An xdist worker has `workerinput` (not an environment variable: a pytest run started by a test inherits
+    # those, yet runs alone).
+    parallel = getattr(config, "workerinput", {}).get("workercount", 1) > 1
     for item in items:
         if not item.get_closest_marker("timing") or not isinstance(item, pytest.Function):
             continue
