@@ -46,6 +46,7 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: list[str], paths: dict):
     """The flags; input path names and their help come from the registry."""
     from core.cli_types import non_negative_int, positive_float, positive_int
+    from core.config import BenchConfig
     from core.registry import BASELINE
     from producers.commands import KINDS
     from runner import cluster_spec
@@ -97,6 +98,11 @@ def parse_args(argv: list[str], paths: dict):
     g.add_argument(
         "--find-capacity", action="store_true",
         help="per path, search the highest demand it sustains at >= 97%% of the emulated baseline",
+    )  # fmt: skip
+    g.add_argument(
+        "--capacity-tries", type=non_negative_int, default=BenchConfig.capacity_tries, metavar="N",
+        help="with --find-capacity: try each path's two decisive probes N more times; their spread is the "
+        "capacity's interval, which tells paths apart (0: a quick search, one probe each, no interval to speak of)",
     )  # fmt: skip
     g.add_argument(
         "--bench", action="store_true",

@@ -42,6 +42,9 @@ class BenchConfig:
     emulate_rate: float | None = None  # images/s per device (--emulate-rate), wins over the preset's
     emulation: dict | None = None  # filled by apply_defaults: {"emulated", "device", "images_per_sec", "source"}
     find_capacity: bool = False
+    capacity_tries: int = (
+        3  # --capacity-tries: extra tries at each path's decisive probes (profiler/capacity.py CONFIRM)
+    )
     producers: int = 2
     producer_workers: int = 1
     producer_kind: str = "synthetic"  # synthetic, decode, dali, or loader (the user's own: --loader)

@@ -122,7 +122,9 @@ def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -
         if words := feeder_line(cfg, plugin.framework):
             print(words, flush=True)
         started = time.time()
-        results, _ = find_capacities(cfg, lambda c, path: one_path(plugin, c, path), batch_given)
+        results, _ = find_capacities(
+            cfg, lambda c, path: one_path(plugin, c, path), batch_given, confirm=cfg.capacity_tries
+        )
         return started, results
     print(plugin.header(cfg, model_words(cfg), gpus), flush=True)
     if words := feeder_line(cfg, plugin.framework):  # who makes the batches: synthetic, decoded JPEGs, a loader

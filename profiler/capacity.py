@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 THRESHOLD = 0.97
-CONFIRM = 3  # extra tries at each decisive probe (make bench ranks the paths by the intervals they give)
+CONFIRM = 3  # (core/config.py: --capacity-tries' default) extra tries at each decisive probe (make bench ranks the paths by the intervals they give)
 MORE_STEPS = 2  # steps up past an upper end that a repeated try kept up with
 
 

@@ -42,7 +42,7 @@ def slow_start():
         i += 1
         yield np.zeros((8, 16, 16, 3), np.uint8), np.zeros(8, np.int64)
 """
-QUICK = ["--emulate-rate", "2000", "--num-gpus", "1", "--image-size", "16", "--batch", "8"]
+QUICK = ["--emulate-rate", "2000", "--num-gpus", "1", "--image-size", "16", "--batch", "8", "--capacity-tries", "1"]
 
 
 @pytest.fixture(scope="module")

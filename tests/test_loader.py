@@ -355,7 +355,11 @@ def test_a_loader_feeds_zmq_consume_and_its_capacity_is_found(data, tmp_path, lo
     """Each kind of loader as the run's producers; the capacity search (minutes of probes) runs for one of them."""
     search = loader == f"{TV}:make_loader"
     js = tmp_path / "run.json"
-    how = ["--find-capacity"] if search else ["--warmup-steps", "2", "--steps", "8", "--repeats", "1"]
+    how = (
+        ["--find-capacity", "--capacity-tries", "0"]
+        if search
+        else ["--warmup-steps", "2", "--steps", "8", "--repeats", "1"]
+    )
     p = start("bench_input.py", "--fake-location", "zmq-consume", "--loader", loader,
               "--loader-arg", f"data={data}", *how, "--emulate-rate", "100", "--num-gpus", "1",
               "--batch", "4", "--image-size", "32", "--producers", "1", "--json", str(js))  # fmt: skip
