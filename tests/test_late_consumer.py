@@ -50,5 +50,6 @@ def test_a_later_consumer_of_a_standalone_producer_counts_no_loss(procs, ipc_dir
                 r.release(r.next())
             (row,) = r.producers()
         got = tuple(row[1:])
-    assert got == (SECOND_RUN, 0, 0, 0), got
+    # The native receiver's threads take batches ahead of the ones handed out: at least SECOND_RUN arrived.
+    assert got[0] >= SECOND_RUN and got[1:] == (0, 0, 0), got
     assert producer.poll() is None, producer.stderr.read()
