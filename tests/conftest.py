@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -48,6 +49,18 @@ class Procs:
 
     def producer(self, endpoint: str, *extra: str) -> subprocess.Popen:
         return self.start("-m", "producers", "synthetic", "--endpoint", endpoint, "--quiet", *extra)
+
+    def torch_zmq_consume(self, endpoint: str, out_json: Path) -> dict:
+        """A short --framework torch zmq-consume run on one rank against producers at `endpoint`-r0 (12
+        batches trained); its zmq-consume result, after checking the run succeeded."""
+        run = self.start(
+            "bench_input.py", "--framework", "torch", "--fake-location", "zmq-consume", "--endpoint", endpoint,
+            "--input-only", "--num-gpus", "1", "--batch", "2", "--image-size", "4", "--warmup-steps", "2",
+            "--steps", "5", "--repeats", "2", "--json", str(out_json),
+        )  # fmt: skip
+        _, err = run.communicate(timeout=360)
+        assert run.returncode == 0, err[-3000:]
+        return json.loads(out_json.read_text())["paths"]["zmq-consume"]
 
     def cleanup(self) -> None:
         """SIGTERM first, so producers remove their shared-memory regions and socket files; SIGKILL what stays."""

@@ -218,19 +218,10 @@ def test_regions_are_registered_with_cuda_once_and_unregistered_before_they_are_
 @pytest.mark.timeout(400)
 def test_the_torch_trainer_trains_on_tensors_over_the_producers_slots(procs, ep, tmp_path) -> None:
     """--framework torch over shm://: each rank's tensors are the slots (zero_copy), every batch accounted for."""
-    import json
     import signal
 
     producer = procs.producer(f"{ep}-r0", "--batch", "2", "--image-size", "4")  # rank 0's endpoint
-    out_json = tmp_path / "r.json"
-    run = procs.start(
-        "bench_input.py", "--framework", "torch", "--fake-location", "zmq-consume", "--endpoint", ep, "--input-only",
-        "--num-gpus", "1", "--batch", "2", "--image-size", "4", "--warmup-steps", "2", "--steps", "5",
-        "--repeats", "2", "--json", str(out_json),
-    )  # fmt: skip
-    _, err = run.communicate(timeout=360)
-    assert run.returncode == 0, err[-3000:]
-    r = json.loads(out_json.read_text())["paths"]["zmq-consume"]
+    r = procs.torch_zmq_consume(ep, tmp_path / "r.json")
     assert r["zero_copy"] is True and r["batches_trained"] == 12
     (row,) = r["producers"]
     assert row["received"] >= 12 and row["lost"] == 0 and row["duplicated"] == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from pathlib import Path
@@ -34,15 +33,7 @@ def test_zmq_consume_on_an_ipc_endpoint_leaves_no_socket_file(procs, ipc_dir, tm
     ep = f"ipc://{ipc_dir}/feed"
     bound = Path(f"{ipc_dir}/feed-r0")
     producer = procs.producer(f"{ep}-r0", "--batch", "2", "--image-size", "4")
-    out_json = tmp_path / "r.json"
-    run = procs.start(
-        "bench_input.py", "--framework", "torch", "--fake-location", "zmq-consume", "--endpoint", ep, "--input-only",
-        "--num-gpus", "1", "--batch", "2", "--image-size", "4", "--warmup-steps", "2", "--steps", "5",
-        "--repeats", "2", "--json", str(out_json),
-    )  # fmt: skip
-    _, err = run.communicate(timeout=360)
-    assert run.returncode == 0, err[-3000:]
-    assert json.loads(out_json.read_text())["paths"]["zmq-consume"]["batches_trained"] == 12
+    assert procs.torch_zmq_consume(ep, tmp_path / "r.json")["batches_trained"] == 12
     assert not bound.exists(), "the run left the ipc socket file it bound"
     producer.send_signal(signal.SIGTERM)
     producer.wait(30)
