@@ -238,6 +238,7 @@ def check_places(args) -> None:
     import os
 
     from core.errors import ConfigError
+    from profiler.report import writable_folder
 
     for flag, value in (("--json", args.json_path), ("--out", args.out), ("--profile", args.profile_dir)):
         if value is not None and value.strip() in ("", "-"):
@@ -247,11 +248,7 @@ def check_places(args) -> None:
         return
     if os.path.exists(place) and not os.path.isdir(place):
         raise ConfigError(f"--profile {place}: exists and is not a folder; the trace needs a folder")
-    parent = place if os.path.isdir(place) else os.path.dirname(os.path.abspath(place))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--profile {place}: no such folder {parent}; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--profile {place}: cannot write in {parent} (read-only or not permitted)")
+    writable_folder("--profile", place, place if os.path.isdir(place) else os.path.dirname(os.path.abspath(place)))
 
 
 def config_from(args, paths: dict):

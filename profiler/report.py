@@ -134,11 +134,11 @@ def check_output_places(json_path: str | None, out_dir: str | None) -> None:
         kind = not_regular(json_path)
         if kind:
             raise ConfigError(f"--json {json_path}: exists and is {kind}, not a regular file; refusing to replace it")
-        _writable_folder("--json", json_path, folder)
+        writable_folder("--json", json_path, folder)
     if out_dir:
         if os.path.exists(out_dir) and not os.path.isdir(out_dir):
             raise ConfigError(f"--out {out_dir}: exists and is not a folder")
-        _writable_folder(
+        writable_folder(
             "--out", out_dir, out_dir if os.path.isdir(out_dir) else os.path.dirname(os.path.abspath(out_dir))
         )
         for name in OUT_FILES:
@@ -149,7 +149,8 @@ def check_output_places(json_path: str | None, out_dir: str | None) -> None:
                 )
 
 
-def _writable_folder(flag: str, given: str, folder: str) -> None:
+def writable_folder(flag: str, given: str, folder: str) -> None:
+    """Refuse `flag given` in one line when `folder`, where it would be written, is missing or read-only."""
     if not os.path.isdir(folder):
         raise ConfigError(f"{flag} {given}: no such folder {folder}; create it first")
     if not os.access(folder, os.W_OK | os.X_OK):
