@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     # Every path with the replicated update; the parameter-server updates move variables, not the input's
     # ops, so they are checked with the first path only (7 graphs, not 15, on one GPU).
     plans = [(path, n, UPDATES[0]) for path in paths] + [(paths[0], n, update) for update in UPDATES[1:]]
-    if min(a.multi_gpu, gpus) > 1 and min(a.multi_gpu, gpus) != n:  # replicated: NCCL all-reduce between towers
-        plans += [(path, min(a.multi_gpu, gpus), UPDATES[0]) for path in paths]
+    multi = min(a.multi_gpu, gpus)
+    if multi > 1 and multi != n:  # replicated: NCCL all-reduce between towers
+        plans += [(path, multi, UPDATES[0]) for path in paths]
     results, bad = [], 0
     for path, devices_n, update in plans:
         r = check_path(path, devices_n, update)
