@@ -150,11 +150,6 @@ def _stages_line(stages: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in stages.items()) + " ms per image" if stages else ""
 
 
-def _in_process_stages() -> dict[str, float]:
-    n = decode.stage_images[0]
-    return {k: 1e3 * v / n for k, v in decode.stage_seconds.items()} if n else {}
-
-
 def candidates(args: argparse.Namespace, files: list[Path]) -> list[tuple[str, str, Callable[[], dict]]]:
     """(producer, stack, measure) of every row asked for."""
     rows: list[tuple[str, str, Callable[[], dict]]] = []
@@ -180,16 +175,14 @@ def run(args: argparse.Namespace) -> int:
     files = [Path(args.data) / f for f in names]
     results, stages = [], {}
     for producer, stack, run_one in candidates(args, files):
-        for k in decode.stage_seconds:
-            decode.stage_seconds[k] = 0.0
-        decode.stage_images[0] = 0
+        decode.reset_stages()
         try:
             r = run_one()
         except ImportError as e:
             print(f"note: {producer} {stack} skipped: {e}", file=sys.stderr)
             continue
         results.append((producer, stack, r))
-        line = _stages_line(r.get("stages") or _in_process_stages())
+        line = _stages_line(r.get("stages") or decode.stage_ms())
         if line:
             stages[f"{producer} / {stack}"] = line
         print(f"  {producer} / {stack}: {r['per_core'].median:.0f} images/s per core", file=sys.stderr, flush=True)

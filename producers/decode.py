@@ -221,6 +221,19 @@ stage_seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
 stage_images = [0]
 
 
+def stage_ms() -> dict[str, float]:
+    """Milliseconds per image of each stage so far in this process; empty before the ROI decoder's first image."""
+    n = stage_images[0]
+    return {k: 1e3 * v / n for k, v in stage_seconds.items() if v} if n else {}
+
+
+def reset_stages() -> None:
+    """Start the per-stage counts afresh (a benchmark times each stack apart)."""
+    for k in stage_seconds:
+        stage_seconds[k] = 0.0
+    stage_images[0] = 0
+
+
 def _decode_roi(fast: bool) -> Callable[[bytes, random.Random, np.ndarray], None]:
     """Decode only the crop: its rows and its (iMCU-widened) columns, DCT-scaled when it is shrunk 2x or more."""
 
@@ -374,8 +387,8 @@ class DecodeSource:
     def header_extras(self, worker: int) -> dict[str, Any]:
         """Counters this source adds to each native header (the sender asks before every send)."""
         extras: dict[str, Any] = {"bad_files": int(self.bad_counts[worker])} if self.bad_counts is not None else {}
-        if stage_images[0]:
-            extras["stage_ms"] = {k: round(1e3 * v / stage_images[0], 4) for k, v in stage_seconds.items() if v}
+        if stages := stage_ms():
+            extras["stage_ms"] = {k: round(v, 4) for k, v in stages.items()}
         return extras
 
     # The sender may hand us buffers to decode into (shm:// slots): no copy after decoding.
