@@ -28,10 +28,9 @@ def attribute(result: dict, baseline: dict | None) -> dict | None:
     ips = result["images_per_sec"]["median"]
     if base_ips <= 0:
         return None
-    inter = result.get("interleaved")
-    # With --interleave the table's ratio is the median of the paired runs' ratios: the gap split here is that
-    # one, not this path's run against the baseline's run measured apart from it.
-    ratio = inter["ratio"] if isinstance(inter, dict) else ips / base_ips
+    # The gap split here is the table's ratio (profiler/report.py add_ratios: with --interleave, the paired
+    # runs' median ratio, not this path's run against the baseline's run measured apart from it).
+    ratio = result.get("ratio_to_baseline") or ips / base_ips
     gap = max(0.0, 1.0 - ratio)
     tel = result.get("telemetry") or {}
     share = tel.get("input_wait_share")
