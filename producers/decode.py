@@ -213,7 +213,6 @@ def _dct_denominator(height: int, width: int, shrink: float) -> int:
     return next((k for k in (8, 4, 2) if -(-height // k) >= need_h and -(-width // k) >= need_w), 1)
 
 
-_NEAR = cv2.INTER_LINEAR
 # Seconds per stage of the ROI decoder in this process (CPU time of the decoding thread; the read's wall
 # time), and the images they add up over.
 STAGES = ("read", "header", "start", "skip", "rows", "resize", "flip")
@@ -254,7 +253,8 @@ def _decode_roi(fast: bool) -> Callable[[bytes, random.Random, np.ndarray], None
         # After DCT scaling a crop is seldom shrunk 2x or more: then every pixel lies under a bilinear tap
         # and INTER_LINEAR is as good as INTER_AREA at a sixth of its cost (docs/decoding.md).
         near = crop.shape[0] < 2 * out.shape[0] and crop.shape[1] < 2 * out.shape[1]
-        cv2.resize(crop, (out.shape[1], out.shape[0]), dst=out, interpolation=_NEAR if near else cv2.INTER_AREA)
+        interpolation = cv2.INTER_LINEAR if near else cv2.INTER_AREA
+        cv2.resize(crop, (out.shape[1], out.shape[0]), dst=out, interpolation=interpolation)
         t3 = time.thread_time()
         if rng.random() < 0.5:
             cv2.flip(out, 1, dst=out)
