@@ -176,12 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check (PyTorch {torch.__version__}): {gpus} GPU(s), batch {a.batch}, {a.image_size}x{a.image_size}")
     print_bandwidth(gpus)
     order = ["gpu"] + [x for x in wanted if x != "gpu"]
-    rows = [
-        [x, "", "", "", f"skipped: {NEEDS[x]} is not installed"]
-        for x in order
-        if x in NEEDS and not _importable(NEEDS[x])
-    ]
-    order = [x for x in order if not (x in NEEDS and not _importable(NEEDS[x]))]
+    skipped = [x for x in order if x in NEEDS and not _importable(NEEDS[x])]
+    rows = [[x, "", "", "", f"skipped: {NEEDS[x]} is not installed"] for x in skipped]
+    order = [x for x in order if x not in skipped]
     data = tempfile.mkdtemp(prefix="feedbench-jpegs-")
     results, failed = {}, 0
     try:
