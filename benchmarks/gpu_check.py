@@ -168,12 +168,13 @@ def main(argv: list[str] | None = None) -> int:
                 results[key] = _results(f"{tmp}/{key}.json")
     name = found[0]
     for framework, label in (("tf", "TensorFlow"), ("torch", "PyTorch")):
-        for line in figure_problems(label, results[framework], name) if results[framework] else []:
+        lines = figure_problems(label, results[framework], name) if results[framework] else []
+        for line in lines:
             print(f"   bound: {line}")
+        if lines:
             failed.append(f"{framework} figures")
     print("\n== each path's images/s as a ratio to its trainer's baseline (short runs, one GPU)")
     print(ratio_table(_ratios(results["tf"]), _ratios(results["torch"])))
-    failed = list(dict.fromkeys(failed))
     print(f"\ngpu-check: {'failed: ' + ', '.join(failed) if failed else 'every check passed'}")
     return 1 if failed else 0
 
