@@ -36,8 +36,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from core.config import BenchConfig
+
 THRESHOLD = 0.97
-CONFIRM = 3  # (core/config.py: --capacity-tries' default) extra tries at each decisive probe (make bench ranks the paths by the intervals they give)
+# Extra tries at each decisive probe: --capacity-tries' default (make bench ranks the paths by their intervals).
+CONFIRM = BenchConfig.capacity_tries
 MORE_STEPS = 2  # steps up past an upper end that a repeated try kept up with
 
 
