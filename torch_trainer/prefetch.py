@@ -196,27 +196,22 @@ class Prefetcher:
 class SideCopy:
     """Copies host tensors already in pinned memory to the device on a side stream, and hands them to the step.
 
-    `start` queues the copy and records its event; `hand_over` makes the step's
-    stream wait for that event (on the device: the host does not wait) and
-    marks the tensors as used there, so the caching allocator keeps them until
-    the step's work is done. The pinned source may be dropped once `start` has
-    returned: PyTorch's pinned-memory allocator holds the block until the copy
-    is done.
+    `copy` queues the copy on the side stream and makes the step's stream wait
+    for it (on the device: the host does not wait), marking the tensors as used
+    there, so the caching allocator keeps them until the step's work is done.
+    The pinned source may be dropped once `copy` has returned: PyTorch's
+    pinned-memory allocator holds the block until the copy is done.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
 
-    def start(self, host: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event]:
+    def copy(self, host: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         with torch.cuda.stream(self.stream):
             out = to_device(host, self.device)
             ev = torch.cuda.Event()
             ev.record(self.stream)
-        return out, ev
-
-    def hand_over(self, staged: tuple[list[torch.Tensor], torch.cuda.Event]) -> list[torch.Tensor]:
-        out, ev = staged
         current = torch.cuda.current_stream(self.device)
         current.wait_event(ev)
         for t in out:

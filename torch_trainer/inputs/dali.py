@@ -97,7 +97,7 @@ class Dali(TorchInputPath):
         if self.copier is not None:  # decoded on the CPU for a GPU: pinned, then a side-stream copy
             # This step's batch only: DALI's own queue reads ahead, so asking for the next one here would
             # make this step wait for it.
-            images, labels = self.copier.hand_over(self.copier.start(self._pinned()))
+            images, labels = self.copier.copy(self._pinned())
             return images, labels_of(labels)
         images, labels = self._run()  # on the GPU (mixed) already, or all on the CPU
         if dev.type != "cuda":

@@ -133,7 +133,7 @@ class PythonDataset(ProducerFed):
             return images, labels_of(labels)
         # This step's batch only: the loader's workers and pin thread read ahead (prefetch_factor), so asking
         # for the next batch here would make this step wait for it. The copy overlaps the previous step's work.
-        images, labels = self.copier.hand_over(self.copier.start(self._pull()))
+        images, labels = self.copier.copy(self._pull())
         return images, labels_of(labels)  # int32 -> int64 on the device, after the copy
 
     def accounting(self) -> dict:
