@@ -28,7 +28,7 @@ $(STAMP): setup.py scripts/setup_env.sh
 op: $(STAMP)
 	$(PY) zmq_ops/build.py
 	$(PY) zmq_ops/build.py --receiver
-	$(PY) tf_trainer/models/emulated_op/build.py
+	$(PY) models/tf/emulated_op/build.py
 	$(PY) producers/jpeg_roi/build.py
 
 bench: install
@@ -49,4 +49,4 @@ lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf build *.egg-info zmq_ops/*.so tf_trainer/models/emulated_op/*.so results
+	rm -rf build *.egg-info zmq_ops/*.so models/tf/emulated_op/*.so results

@@ -25,8 +25,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from consumers.expect import receive_cap  # noqa: E402
+from frameworks.tf_env import tf as _tf  # noqa: E402
 from runner.producer_group import ProducerGroup, producer_command  # noqa: E402
-from tf_trainer.tf_env import tf as _tf  # noqa: E402
 
 tf = _tf()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-# As bench_input.py has it (tf_trainer/tf_env.py), whichever test module imports TensorFlow first:
+# As bench_input.py has it (frameworks/tf_env.py), whichever test module imports TensorFlow first:
 # TensorFlow reads its log level once, at import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

@@ -13,8 +13,8 @@ from tensorpack.callbacks import Callback
 
 from core import registry
 from core.config import BenchConfig, apply_defaults
+from frameworks.tf_env import tf
 from tf_trainer.run import InputError, run_path
-from tf_trainer.tf_env import tf
 
 tf = tf()
 pytestmark = pytest.mark.timeout(300)

@@ -18,8 +18,8 @@ import pytest
 from tensorpack.input_source import InputSource, TensorInput
 
 from core.registry import register
+from frameworks.tf_env import tf
 from tf_trainer.inputs.base import TFInputPath, random_batch
-from tf_trainer.tf_env import tf
 
 tf = tf()
 ROOT = Path(__file__).resolve().parent.parent

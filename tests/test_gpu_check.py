@@ -15,10 +15,10 @@ import pytest
 
 from benchmarks.gpu_check import ROOT, ratio_table
 from core import gpus
+from frameworks.tf_env import tf
 from tests.test_gpu_fallback import gpu_machine  # noqa: F401 (a fixture: nvidia-smi reporting two GPUs)
 from tf_trainer import devices
 from tf_trainer.gpu_check import check_path, moved_ops, placed_devices
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

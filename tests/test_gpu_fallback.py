@@ -17,9 +17,9 @@ import stat
 import pytest
 
 from core import gpus
+from frameworks.tf_env import tf
 from tf_trainer import devices, kernels
 from tf_trainer.run import QUIET, warn_soft_placement
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -16,9 +16,9 @@ import pytest
 
 from core import registry
 from core.config import BenchConfig, apply_defaults
+from frameworks.tf_env import tf
 from tf_trainer.kernels import gpu_device, missing_gpu_kernels, registry_has_gpu_kernels
 from tf_trainer.run import build
-from tf_trainer.tf_env import tf
 
 tf = tf()
 registry.load("tf")

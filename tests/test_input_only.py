@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_trainer.models.input_only import InputOnlyModel, touch_every_byte
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
+from models.tf.input_only import InputOnlyModel, touch_every_byte
 
 tf = tf()
 

@@ -11,9 +11,9 @@ from tensorpack.callbacks import Callback
 from tensorpack.dataflow import DataFromList
 from tensorpack.tfutils.tower import TowerContext
 
-from tf_trainer.models import LossScaleOptimizer, ResNet50Model, count_params, stride_layout
-from tf_trainer.models.model_desc import IMAGENET_MEAN, IMAGENET_STD
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
+from models.tf import LossScaleOptimizer, ResNet50Model, count_params, stride_layout
+from models.tf.model_desc import IMAGENET_MEAN, IMAGENET_STD
 
 tf = tf()
 v1 = tf.compat.v1

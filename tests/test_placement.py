@@ -15,9 +15,9 @@ import pytest
 
 from core import registry
 from core.config import BenchConfig, apply_defaults
+from frameworks.tf_env import tf
 from tf_trainer.placement import TOWER_INPUTS, VARIABLE_OPS
 from tf_trainer.run import build
-from tf_trainer.tf_env import tf
 
 tf = tf()
 registry.load("tf")

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = """
 import os
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
 from tf_trainer import devices
 
 tf = tf()

@@ -63,7 +63,7 @@ def test_dali_producers_decode_on_the_gpu_they_feed():
 
 
 def test_normalize_makes_its_constants_once_per_device():
-    from torch_trainer.models import _stats, normalize
+    from models.torch import _stats, normalize
 
     x = torch.randint(0, 256, (2, 8, 8, 3), dtype=torch.uint8)
     normalize(x, True)

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from torchvision.models.resnet import Bottleneck  # noqa: E402
 
-from torch_trainer.models import normalize, resnet50  # noqa: E402
+from models.torch import normalize, resnet50  # noqa: E402
 
 
 def strides(model) -> list[tuple]:

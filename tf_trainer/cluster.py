@@ -42,9 +42,9 @@ from tensorpack.train.trainers import (
 from tensorpack.utils.argtools import memoized
 
 from core.errors import ConfigError, FeedbenchError
+from frameworks.tf_env import tf
 from runner import bind_host
 from runner.cluster_spec import ClusterConfig
-from tf_trainer.tf_env import tf
 
 tf = tf()
 v1 = tf.compat.v1

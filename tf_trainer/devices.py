@@ -5,7 +5,7 @@ from __future__ import annotations
 from core import gpus as nvidia
 from core.errors import ConfigError
 from core.machine import host_fields
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
 
 # How to get the TensorFlow that can use this machine's GPUs (scripts/setup_env.sh, docs/gpu.md).
 TF_FIX = "run `make install`, which installs the `tensorflow` wheel with CUDA 12 (docs/gpu.md)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from consumers.expect import SAME_FLAGS, BatchSpec
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
 
 tf = tf()
 

@@ -28,9 +28,9 @@ import tempfile
 from core import registry
 from core.config import BenchConfig, apply_defaults
 from core.errors import FeedbenchError
+from frameworks.tf_env import tf
 from tf_trainer import devices, kernels
 from tf_trainer.run import build
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -11,7 +11,7 @@ and `registry_has_gpu_kernels()` says so.
 
 from __future__ import annotations
 
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
 
 tf = tf()
 

@@ -14,10 +14,10 @@ import time
 import numpy as np
 from tensorpack.callbacks import Callback
 
+from frameworks.tf_env import tf
 from harness.schedule import Schedule
 from profiler.progress import RunProgress
 from profiler.summary import Summary
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -23,7 +23,7 @@ from tensorpack.graph_builder.training import DataParallelBuilder, SyncMultiGPUP
 from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 from tensorpack.train.tower import SingleCostTrainer
 
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
 
 tf = tf()
 

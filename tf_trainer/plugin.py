@@ -10,9 +10,9 @@ import argparse
 from typing import Any
 
 from core.config import BenchConfig
+from frameworks.tf_env import tf
 from harness.run import each_path, prepare
 from tf_trainer import devices
-from tf_trainer.tf_env import tf
 
 
 def plugin(args: argparse.Namespace) -> TFTrainer:

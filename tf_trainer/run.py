@@ -25,7 +25,9 @@ from consumers.expect import receive_cap
 from core import registry
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
+from frameworks.tf_env import tf
 from harness.schedule import PROFILED_STEPS, Schedule
+from models.tf.input_only import InputOnlyModel
 from profiler.progress import RunProgress
 from profiler.telemetry import add_common_fields
 from runner import shutdown
@@ -34,9 +36,7 @@ from tf_trainer import devices, placement
 from tf_trainer.expected import batch_error
 from tf_trainer.inputs.base import TFInputPath
 from tf_trainer.measure import COST_COLLECTION, Progress, StepTimer, summarize
-from tf_trainer.models.input_only import InputOnlyModel
 from tf_trainer.telemetry import CpuUse, Telemetry
-from tf_trainer.tf_env import tf
 from tf_trainer.tracing import ProfileSteps
 from wire.endpoints import release
 
@@ -167,10 +167,10 @@ def make_model(cfg: BenchConfig):
     if cfg.input_only:
         return InputOnlyModel(cfg.image_size)
     if cfg.model == "emulated":
-        from tf_trainer.models.emulated import EmulatedModel
+        from models.tf.emulated import EmulatedModel
 
         return EmulatedModel(cfg.image_size, cfg.emulation["images_per_sec"])
-    from tf_trainer.models import ResNet50Model
+    from models.tf import ResNet50Model
 
     return ResNet50Model(
         version=cfg.resnet_version,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from tensorpack.input_source import FeedfreeInput, InputSource, QueueInput, StagingInput
 
+from frameworks.tf_env import tf
 from profiler.telemetry import staging_figures
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

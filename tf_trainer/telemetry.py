@@ -27,9 +27,9 @@ from collections import deque
 
 from tensorpack.callbacks import Callback
 
+from frameworks.tf_env import tf
 from harness.schedule import Schedule
 from profiler.telemetry import exposed_input_us, input_wait_figures, wire_figures
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

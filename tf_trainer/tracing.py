@@ -20,7 +20,7 @@ import os
 
 from tensorpack.callbacks import Callback
 
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
 
 tf = tf()
 

@@ -26,7 +26,7 @@ def build(cfg: BenchConfig, device, world: int):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from torch_trainer import models
+    from models import torch as models
 
     if cfg.input_only:
         model = models.InputOnly()
@@ -66,8 +66,8 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     import torch.nn.functional as F
 
     from core import registry
+    from models.torch import normalize
     from torch_trainer.measure import RankTimer, synchronize
-    from torch_trainer.models import normalize
 
     model, opt, scaler, amp = build(cfg, ctx.device, ctx.world)
     path = registry.get("torch", name)(cfg)

@@ -59,7 +59,7 @@ def library_path() -> Path:
 class NativeLibrary:
     """One TensorFlow op library of this project: its sources, where it goes, what else it links.
 
-    The zmq_ops op is one; the emulated device's op (tf_trainer/models/emulated_op) is built the same way.
+    The zmq_ops op is one; the emulated device's op (models/tf/emulated_op) is built the same way.
     """
 
     label: str  # in messages: "zmq_ops"

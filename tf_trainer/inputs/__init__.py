@@ -7,7 +7,7 @@ a `@register`-ed subclass of `base.TFInputPath`, and nothing else.
 import importlib
 import pkgutil
 
-import tf_trainer.tf_env  # noqa: F401  (TensorFlow's environment, before tensorpack imports it)
+import frameworks.tf_env  # noqa: F401  (TensorFlow's environment, before tensorpack imports it)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

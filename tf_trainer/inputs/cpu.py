@@ -8,8 +8,8 @@ from __future__ import annotations
 from tensorpack.input_source import InputSource, TensorInput
 
 from core.registry import register
+from frameworks.tf_env import tf
 from tf_trainer.inputs.base import NUM_CLASSES, TFInputPath
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -20,9 +20,9 @@ from tensorpack.input_source import InputSource, TensorInput
 from tensorpack.tfutils.tower import get_current_tower_context
 
 from core.registry import BASELINE, register
+from frameworks.tf_env import tf
 from tf_trainer.inputs.base import TFInputPath, random_batch
 from tf_trainer.placement import tower_device
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

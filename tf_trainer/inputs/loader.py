@@ -17,8 +17,8 @@ from tensorpack.input_source import InputSource, TFDatasetInput
 from core.errors import ConfigError
 from core.loader_spec import LoaderError, LoaderSpec, batches, kind_of
 from core.registry import register
+from frameworks.tf_env import tf
 from tf_trainer.inputs.base import TFInputPath
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -6,8 +6,8 @@ from tensorpack.dataflow import DataFlowTerminated
 from tensorpack.input_source import InputSource, TFDatasetInput
 
 from core.registry import register
+from frameworks.tf_env import tf
 from tf_trainer.inputs.pull import PythonPull
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

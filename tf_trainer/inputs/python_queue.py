@@ -9,9 +9,9 @@ from __future__ import annotations
 from tensorpack.input_source import InputSource, QueueInput
 
 from core.registry import register
+from frameworks.tf_env import tf
 from profiler.telemetry import queue_figures
 from tf_trainer.inputs.pull import PythonPull
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -15,9 +15,9 @@ from tensorpack.callbacks import Callback
 from tensorpack.input_source import InputSource, TensorInput, ZMQInput
 
 from core.registry import register
+from frameworks.tf_env import tf
 from tf_trainer.expected import ensure_batch
 from tf_trainer.inputs.base import TFInputPath
-from tf_trainer.tf_env import tf
 
 tf = tf()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tensorpack import ModelDesc
 
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
 
 tf = tf()
 

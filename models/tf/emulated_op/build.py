@@ -1,7 +1,7 @@
 """Build the emulated device's op library (EmulatedDeviceStep) against the installed TensorFlow.
 
 Same flags, stamp and incremental rules as the zmq_ops op (zmq_ops/build.py
-does the work); runs as `python tf_trainer/models/emulated_op/build.py` (`make op`).
+does the work); runs as `python models/tf/emulated_op/build.py` (`make op`).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from tensorpack.tfutils.optimizer import ProxyOptimizer
 from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
 
-from tf_trainer.models.resnet import DATA_FORMATS, VERSIONS, ResNet50
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
+from models.tf.resnet import DATA_FORMATS, VERSIONS, ResNet50
 
 tf = tf()
 v1 = tf.compat.v1

@@ -8,8 +8,8 @@ makes the optimizer and the variable update run as for a real model.
 
 from __future__ import annotations
 
-from tf_trainer.models.input_only import InputOnlyModel
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
+from models.tf.input_only import InputOnlyModel
 
 tf = tf()
 
@@ -24,7 +24,7 @@ def emulated_ops():
     """The loaded op library, built first if missing or stale (a few seconds, once)."""
     global _ops
     if _ops is None:
-        from tf_trainer.models.emulated_op import build
+        from models.tf.emulated_op import build
 
         _ops = tf.load_op_library(str(build.build(verbose=True)))
     return _ops

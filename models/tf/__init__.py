@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tf_trainer.models.model_desc import LossScaleOptimizer, ResNet50Model
-from tf_trainer.models.resnet import ResNet50
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
+from models.tf.model_desc import LossScaleOptimizer, ResNet50Model
+from models.tf.resnet import ResNet50
 
 tf = tf()
 

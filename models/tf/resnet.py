@@ -16,7 +16,7 @@ conv/fc weight as a float32 "master" variable and hands the network a float16
 cast of it. Batch-norm parameters and statistics stay float32 (fused batch norm
 takes float16 activations with float32 scale/offset), and the logits are
 returned in float32 so the loss is computed in float32. Loss scaling lives in
-the optimizer (see `tf_trainer.models.model_desc.LossScaleOptimizer`).
+the optimizer (see `models.tf.model_desc.LossScaleOptimizer`).
 
 XLA (`use_xla=True`): the network is built inside
 `tensorflow.python.compiler.xla.jit.experimental_jit_scope`, which marks its
@@ -34,7 +34,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from tf_trainer.tf_env import tf
+from frameworks.tf_env import tf
 
 tf = tf()
 v1 = tf.compat.v1
