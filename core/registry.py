@@ -76,11 +76,13 @@ class InputPath:
             "delivers_words": self.delivers_words,
             "host_cpu_advice": self.host_cpu_advice,
             "needs_producers": self.needs_producers,
-            "feeder": feeder_of(self.cfg) if self.needs_producers else None,
+            # The schema's word for who makes the batches (docs/results.schema.json); feeders/ is the stage
+            # that puts a batch on a device. Renaming the key takes a schema version of its own.
+            "feeder": batch_maker_of(self.cfg) if self.needs_producers else None,
         }
 
 
-def feeder_of(cfg: Any) -> dict | None:
+def batch_maker_of(cfg: Any) -> dict | None:
     """Who makes the batches a producer-fed path receives, for the report and the verdict's advice."""
     if cfg is None:
         return None
@@ -131,12 +133,12 @@ def default_run(framework: str) -> list[str]:
     return [n for n, c in load(framework).items() if c.in_default_run]
 
 
-def feeder_line(cfg: Any, framework: str) -> str | None:
+def batch_maker_line(cfg: Any, framework: str) -> str | None:
     """The run's line saying who feeds its producer-fed paths (None when no chosen path takes producers)."""
     paths = load(framework)
     if not any(paths[n].needs_producers for n in cfg.paths if n in paths):
         return None
-    f = feeder_of(cfg)
+    f = batch_maker_of(cfg)
     if f["kind"] == "external":
         return f"producers: {f['name']}"
     return f"producers: {f['name']}, {cfg.producers} process(es) x {cfg.producer_workers} worker(s)"

@@ -113,13 +113,13 @@ def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -
 
     `batch_given`: --batch was on the command line (a capacity probe keeps it; otherwise it follows the rate).
     """
-    from core.registry import feeder_line
+    from core.registry import batch_maker_line
 
     if cfg.find_capacity:
         from runner.capacity import find_capacities
 
         print(f"capacity: each path against {model_words(cfg)}; probes of a few seconds", flush=True)
-        if words := feeder_line(cfg, plugin.framework):
+        if words := batch_maker_line(cfg, plugin.framework):
             print(words, flush=True)
         started = time.time()
         results, _ = find_capacities(
@@ -127,7 +127,7 @@ def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -
         )
         return started, results
     print(plugin.header(cfg, model_words(cfg), gpus), flush=True)
-    if words := feeder_line(cfg, plugin.framework):  # who makes the batches: synthetic, decoded JPEGs, a loader
+    if words := batch_maker_line(cfg, plugin.framework):  # who makes the batches: synthetic, decoded JPEGs, a loader
         print(words, flush=True)
     if "dali" in cfg.paths or cfg.producer_kind == "dali":
         print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)

@@ -148,23 +148,23 @@ def _not_this_path(path: str, advice: str) -> str:
     return " or ".join(parts) if parts else "speed up the producers"
 
 
-def _producer_advice(feeder: dict | None, prod: dict, baseline_ips: float | None, ips: float) -> str:
+def _producer_advice(maker: dict | None, prod: dict, baseline_ips: float | None, ips: float) -> str:
     """What to do when the producers limit, in terms of who they are: the user's loader, an external one, ours."""
     need = f"{baseline_ips:.0f} img/s" if baseline_ips else "more"
-    kind = (feeder or {}).get("kind")
+    kind = (maker or {}).get("kind")
     if kind == "external":
         return (
-            f"{feeder['name']} delivers {prod['images_per_sec']:.0f} img/s; it would need {need} to keep up: "
+            f"{maker['name']} delivers {prod['images_per_sec']:.0f} img/s; it would need {need} to keep up: "
             "add workers or producers on that side"
         )
     if kind == "loader":
-        workers = max(1, feeder.get("workers") or 1)
+        workers = max(1, maker.get("workers") or 1)
         per_worker = prod["images_per_sec"] / workers
         needed = math.ceil(baseline_ips / per_worker) if baseline_ips and per_worker > 0 else None
         how = f"about {needed} workers (--producers x --producer-workers; now {workers})" if needed else "more workers"
         return (
-            f"{feeder['name']} limits at {per_worker:.0f} img/s per worker: run {how}, or speed up its slowest "
-            f"stage (bench_input.py --loader {feeder['loader']} --loader-only names it)"
+            f"{maker['name']} limits at {per_worker:.0f} img/s per worker: run {how}, or speed up its slowest "
+            f"stage (bench_input.py --loader {maker['loader']} --loader-only names it)"
         )
     return "add producers (--producers) or workers (--producer-workers), or use DALI"
 
@@ -201,16 +201,16 @@ def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None)
     """The input limits: the producers' figures say which side of the wire (stage, advice)."""
     prod = (result.get("telemetry") or {}).get("producers")
     words = result.get("input") or _GENERIC
-    feeder = words.get("feeder")
+    maker = words.get("feeder")
     ips = result["images_per_sec"]["median"]
     against = f" against {baseline_ips:.0f} img/s with on-device data" if baseline_ips else ""
-    who = feeder["name"] if feeder and feeder["kind"] in ("loader", "external") else "producers"
+    who = maker["name"] if maker and maker["kind"] in ("loader", "external") else "producers"
     if prod is not None and not _busy(prod):
         evidence.append(
             f"{who} deliver{'s' if who != 'producers' else ''} {prod['images_per_sec']:.0f} img/s{against}, "
             f"waiting to send only {100 * (prod['send_wait_share'] or 0):.0f}% of their time"
         )
-        return "producer", _producer_advice(feeder, prod, baseline_ips, ips)
+        return "producer", _producer_advice(maker, prod, baseline_ips, ips)
     if prod is not None:
         evidence.append(
             f"producers wait to send {100 * prod['send_wait_share']:.0f}% of their time "
@@ -218,14 +218,14 @@ def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None)
         )
         return "consumer", words["advice"]
     evidence.append(f"{words['delivers_words']} {ips:.0f} img/s{against}")
-    if feeder and feeder["kind"] == "external":
+    if maker and maker["kind"] == "external":
         need = f"{baseline_ips:.0f} img/s" if baseline_ips else "more"
         return "input", (
-            f"{feeder['name']} (or the wire to it) delivers {ips:.0f} img/s and would need {need}: "
+            f"{maker['name']} (or the wire to it) delivers {ips:.0f} img/s and would need {need}: "
             "add workers or producers on that side"
         )
-    if feeder and feeder["kind"] == "loader":
-        return "input", _producer_advice(feeder, {"images_per_sec": ips}, baseline_ips, ips)
+    if maker and maker["kind"] == "loader":
+        return "input", _producer_advice(maker, {"images_per_sec": ips}, baseline_ips, ips)
     return "input", words["input_advice"]
 
 

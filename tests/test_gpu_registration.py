@@ -12,8 +12,9 @@ import threading
 
 import pytest
 
+from feeders.cuda_slots import cuda_host_register
 from tests.test_shm_zero_copy import SPECS, TIMEOUT_MS, check, tagged
-from zmq_ops.receiver import Receiver, cuda_host_register
+from zmq_ops.receiver import Receiver
 
 CUDA_ERROR_INVALID_VALUE = 1
 

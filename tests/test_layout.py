@@ -13,7 +13,7 @@ NEUTRAL = ("core", "wire", "producers", "consumers", "profiler", "runner", "harn
 FRAMEWORK_BENCHMARKS = {"benchmarks.bench_op"}
 # Checks that drive a framework's own code by design (a GPU self-check, a trainer's overhead), named here.
 FRAMEWORK_AWARE: set[str] = set()
-PACKAGES = (*NEUTRAL, "frameworks", "models", "tf_trainer", "torch_trainer", "zmq_ops")
+PACKAGES = (*NEUTRAL, "feeders", "frameworks", "models", "tf_trainer", "torch_trainer", "zmq_ops")
 
 
 def modules(packages) -> list[str]:

@@ -189,7 +189,7 @@ class FakeCudart:
 @pytest.mark.timeout(120)
 def test_regions_are_registered_with_cuda_once_and_unregistered_before_they_are_unmapped(procs, ep) -> None:
     """What can be checked without a GPU: each region is registered whole, once, and unregistered in time."""
-    from zmq_ops.receiver import cuda_host_register
+    from feeders.cuda_slots import cuda_host_register
 
     cudart = FakeCudart()
     hook = cuda_host_register(cudart)

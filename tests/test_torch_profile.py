@@ -77,7 +77,7 @@ def test_the_timed_windows_keep_their_steps(profiled):
 def test_stage_is_a_named_range_only_under_a_profiler():
     import torch
 
-    from torch_trainer.tracing import stage
+    from frameworks.torch_trace import stage
 
     assert type(stage("feedbench.x")).__name__ == "nullcontext"  # nothing recorded, nothing paid
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -18,38 +18,22 @@ The input's stages are named ranges in the trace:
   (the host-to-device copy is queued);
 - `feedbench.normalize` and `feedbench.step` (forward, backward, optimizer).
 
-`record_function` costs about 12 µs per use even when no profiler runs
-(torch 2.14.1 on the 2-core development machine; docs/profiling.md), so the
-paths open ranges through `stage()`, which returns a shared no-op context
-unless a profiler is recording (0.3 µs).
+The paths and feeders open their ranges through `frameworks.torch_trace.stage`,
+which costs a flag read while no profiler records.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.autograd.profiler as _autograd_profiler
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 WARMUP_STEPS = 1  # the profiler runs but keeps nothing: its own start-up stays out of the trace
 ACTIVE_STEPS = 3
 PROFILED_STEPS = WARMUP_STEPS + ACTIVE_STEPS
-
-_NOTHING = contextlib.nullcontext()
-
-
-def profiling() -> bool:
-    """True while a torch profiler records (ours, or one the user runs around feedbench)."""
-    return getattr(_autograd_profiler, "_is_profiler_enabled", True)
-
-
-def stage(name: str) -> contextlib.AbstractContextManager:
-    """A named range `name` in a profiler trace; a no-op costing a flag read when no profiler records."""
-    return record_function(name) if profiling() else _NOTHING
 
 
 def trace_file(logdir: str, path: str, rank: int) -> str:

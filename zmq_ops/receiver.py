@@ -117,57 +117,6 @@ def _address(buf: Any, nbytes: int, where: str) -> int:
 MAP_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int)
 
 
-def cuda_host_register(cudart: Any = None, device: int | None = None) -> Any:
-    """An `on_region` callback that registers each shm:// region with CUDA, and unregisters it before it is unmapped.
-
-    Registered (page-locked) host memory is what a GPU copies from by DMA, so
-    with zero-copy arrays over the slots a batch goes from the producer's slot
-    to the device with no CPU copy at all. `cudart` is torch's CUDA runtime
-    binding (default: ``torch.cuda.cudart()``), or anything with
-    cudaHostRegister(ptr, size, flags) / cudaHostUnregister(ptr) returning 0 on
-    success (and cudaSetDevice(device), when `device` is given).
-
-    `device`: the GPU to make current on the calling thread first. The hook
-    runs on the native receive threads, whose current device is 0 until set
-    (the CUDA runtime keeps it per host thread): without it every rank would
-    open a context on GPU 0. A region that cannot be registered is still
-    mapped; the caller must not count its copies as DMA from registered memory:
-    ``report()`` says how many regions were registered and refused (the error
-    codes in ``errors``).
-    """
-    if cudart is None:
-        import torch  # only when asked for: this module imports neither torch nor TensorFlow
-
-        cudart = torch.cuda.cudart()
-        select = torch.cuda.set_device  # cudaSetDevice on the calling thread
-    else:
-        select = cudart.cudaSetDevice if device is not None else None
-
-    def on_region(base: int, size: int, mapped: bool) -> None:
-        if device is not None:
-            select(device)
-        if mapped:
-            err = int(getattr(code := cudart.cudaHostRegister(base, size, 0), "value", code))
-            if err == 0:
-                on_region.registered[base] = size
-                on_region.count += 1
-            else:
-                on_region.failures += 1
-                on_region.errors.append(err)
-        elif on_region.registered.pop(base, None) is not None:
-            cudart.cudaHostUnregister(base)
-
-    def report() -> dict[str, int]:
-        return {"registered": on_region.count, "refused": on_region.failures}
-
-    on_region.registered = {}
-    on_region.count = 0  # regions ever registered
-    on_region.failures = 0
-    on_region.errors = []
-    on_region.report = report
-    return on_region
-
-
 class _Held:
     """One zero-copy batch: gives its ring slot (and the producer's slot) back when the last array over it dies."""
 
@@ -226,7 +175,7 @@ class Receiver:
         on_region: Any = None,
     ) -> None:
         """`on_region(base, size, mapped)`: called as shm:// regions are mapped (True) and just before they are
-        unmapped (False), from the receive threads; e.g. `cuda_host_register()`."""
+        unmapped (False), from the receive threads; e.g. `feeders.cuda_slots.cuda_host_register()`."""
         check_endpoint(endpoint, bind, allow_remote, secured=bool(curve_keys))
         self.zero_copy = bool(zero_copy)
         if self.zero_copy:

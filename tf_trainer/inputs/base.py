@@ -18,9 +18,9 @@ from tensorpack.callbacks import Callback
 from tensorpack.input_source import InputSource
 
 from core.registry import InputPath
+from feeders.tf import Staging
 from profiler.telemetry import producer_figures
 from runner.producer_group import ProducerGroup
-from tf_trainer.staging import Staging
 
 NUM_CLASSES = 1000
 

@@ -19,10 +19,10 @@ from tensorpack.tfutils.tower import get_current_tower_context
 
 from core.errors import ConfigError
 from core.registry import register
+from feeders.tf import Staging
 from frameworks.tf_env import tf
 from tf_trainer.inputs.base import TFInputPath
 from tf_trainer.placement import tower_device
-from tf_trainer.staging import Staging
 
 tf = tf()
 

@@ -14,9 +14,9 @@ from typing import ClassVar
 import torch
 
 from core.registry import register
+from feeders.torch import to_device
+from frameworks.torch_trace import stage
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
-from torch_trainer.prefetch import to_device
-from torch_trainer.tracing import stage
 
 RING = 4  # host buffers: the step's copy may still be reading the last few
 

@@ -18,9 +18,9 @@ import torch
 
 from core.errors import ConfigError
 from core.registry import register
+from feeders.torch import to_device
+from frameworks.torch_trace import stage
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
-from torch_trainer.prefetch import to_device
-from torch_trainer.tracing import stage
 
 
 @register
@@ -46,9 +46,9 @@ class Dali(TorchInputPath):
         super().open(ctx)
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+        from feeders.torch import SideCopy
         from producers.dali_source import build_pipeline
         from producers.decode import list_images
-        from torch_trainer.prefetch import SideCopy
 
         cfg = self.cfg
         files, labels, _ = list_images(cfg.data, None)

@@ -30,10 +30,10 @@ from core.loader_spec import (
     prepare_dataloader,
 )
 from core.registry import register
+from feeders.torch import Prefetcher, to_device
+from frameworks.torch_trace import stage
 from producers.loader import worker_seed
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
-from torch_trainer.prefetch import Prefetcher, to_device
-from torch_trainer.tracing import stage
 
 
 @register
@@ -60,7 +60,7 @@ class UserLoader(TorchInputPath):
         spec = LoaderSpec.parse(cfg.loader, cfg.loader_arg)
         seed = worker_seed(0, ctx.rank)
         offer = {"batch_size": cfg.batch, "image_size": cfg.image_size}
-        self.feeder, self.it, self.passes = None, None, []  # what close() stops, however far open() got
+        self.prefetch, self.it, self.passes = None, None, []  # what close() stops, however far open() got
         obj = spec.build(seed, ctx.rank, ctx.world, offer, timeout=cfg.loader_timeout)
         kind = kind_of(obj)
         if kind == "dataloader":
@@ -88,11 +88,11 @@ class UserLoader(TorchInputPath):
             it = batches(spec, cfg.batch, cfg.batch, cfg.image_size, seed, ctx.rank, ctx.world, cfg.loader_timeout)
             return ([images, labels] for images, labels in it)
 
-        self.feeder = Prefetcher(source, ctx.device, depth=2, name="loader", source_stage="feedbench.load")
+        self.prefetch = Prefetcher(source, ctx.device, depth=2, name="loader", source_stage="feedbench.load")
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.feeder is not None:
-            images, labels = self.feeder.next()
+        if self.prefetch is not None:
+            images, labels = self.prefetch.next()
             return images, labels_of(labels)
         with stage("feedbench.load"):
             pair = _pair(next(self.it))
@@ -110,8 +110,8 @@ class UserLoader(TorchInputPath):
         return images, labels_of(labels)
 
     def close(self) -> None:
-        if self.feeder is not None:
-            self.feeder.close()
+        if self.prefetch is not None:
+            self.prefetch.close()
             return
         if self.it is not None:
             self.it.close()  # the pumping thread stops at its next batch

@@ -20,6 +20,8 @@ from consumers.accounting import SeqTracker
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
+from feeders.torch import SideCopy, as_tensor
+from frameworks.torch_trace import stage
 from torch_trainer.inputs.base import (
     ProducerFed,
     RankContext,
@@ -28,8 +30,6 @@ from torch_trainer.inputs.base import (
     labels_of,
     rank_producer_ids,
 )
-from torch_trainer.prefetch import SideCopy, as_tensor
-from torch_trainer.tracing import stage
 
 
 class PullDataset(IterableDataset):

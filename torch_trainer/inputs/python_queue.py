@@ -1,5 +1,5 @@
 """`python-queue`: a Python thread pulls batches from the producers, copies them into pinned host memory,
-and prefetches them onto the device on a side stream (torch_trainer/prefetch.py).
+and prefetches them onto the device on a side stream (feeders/torch.py).
 
 The PyTorch counterpart of tensorpack's QueueInput: Python and the GIL are
 paid on every batch, which is what this path is here to measure.
@@ -17,6 +17,7 @@ import torch
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
+from feeders.torch import Prefetcher
 from torch_trainer.inputs.base import (
     ProducerFed,
     RankContext,
@@ -25,7 +26,6 @@ from torch_trainer.inputs.base import (
     labels_of,
     producers_summary,
 )
-from torch_trainer.prefetch import Prefetcher
 
 POLL_S = 0.2  # the thread checks for a stop this often while no batch arrives
 
@@ -60,7 +60,7 @@ class PythonQueue(ProducerFed):
     depth: ClassVar[int] = 4
 
     consumer: PullConsumer | None = None
-    feeder: Prefetcher | None = None
+    prefetch: Prefetcher | None = None
 
     def endpoints(self, ctx: RankContext) -> list[str]:
         return [ctx.endpoint(self.cfg, self.name)]
@@ -74,9 +74,9 @@ class PythonQueue(ProducerFed):
         )  # fmt: skip
         self.start([endpoint])
         consumer, expected = self.consumer, expected_batch(cfg)
-        self.feeder = Prefetcher(
+        self.prefetch = Prefetcher(
             lambda: pull(
-                consumer, cfg.recv_timeout, lambda: self.feeder is not None and self.feeder.stopped(), expected
+                consumer, cfg.recv_timeout, lambda: self.prefetch is not None and self.prefetch.stopped(), expected
             ),
             ctx.device,
             depth=self.depth,
@@ -87,7 +87,7 @@ class PythonQueue(ProducerFed):
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
-            images, labels = self.feeder.next()
+            images, labels = self.prefetch.next()
         except ReceiveTimeout as e:
             raise InputError(str(e)) from None
         return images, labels_of(labels)
@@ -110,7 +110,7 @@ class PythonQueue(ProducerFed):
 
     def stage_figures(self) -> dict[str, dict]:
         out: dict = {}
-        sizes = self.feeder.queue_sizes if self.feeder else []
+        sizes = self.prefetch.queue_sizes if self.prefetch else []
         if sizes:
             out["queue"] = {
                 "capacity": self.depth,
@@ -137,8 +137,8 @@ class PythonQueue(ProducerFed):
         return {"producers": self.consumer.tracker.table(), "batches_pulled": self.consumer.batches}
 
     def close(self) -> None:
-        if self.feeder is not None:
-            self.feeder.close()
+        if self.prefetch is not None:
+            self.prefetch.close()
         self.stop_producers()
-        if self.consumer is not None and (self.feeder is None or not self.feeder.alive()):
+        if self.consumer is not None and (self.prefetch is None or not self.prefetch.alive()):
             self.consumer.close()

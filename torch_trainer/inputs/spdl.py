@@ -22,9 +22,9 @@ import torch
 
 from core.errors import ConfigError
 from core.registry import register
+from feeders.torch import Prefetcher
+from frameworks.torch_trace import stage
 from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
-from torch_trainer.prefetch import Prefetcher
-from torch_trainer.tracing import stage
 
 
 @register
@@ -86,21 +86,21 @@ class Spdl(TorchInputPath):
         )
         self.pipeline.start()
         pipeline = self.pipeline
-        self.feeder = Prefetcher(
+        self.prefetch = Prefetcher(
             lambda: pipeline.get_iterator(timeout=cfg.recv_timeout), ctx.device, depth=2, name="spdl",
             source_stage="feedbench.load",
         )  # fmt: skip
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = self.feeder.next()
+        images, labels = self.prefetch.next()
         return images, labels_of(labels)
 
     def stage_figures(self) -> dict[str, dict]:
         return {"decoder": {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.dali_threads or 1)}}
 
     def accounting(self) -> dict:
-        return {"batches_pulled": self.feeder.batches}
+        return {"batches_pulled": self.prefetch.batches}
 
     def close(self) -> None:
         self.pipeline.stop(timeout=10)
-        self.feeder.close()
+        self.prefetch.close()

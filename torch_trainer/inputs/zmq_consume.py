@@ -17,9 +17,10 @@ import torch
 
 from core.errors import ConfigError, InputError
 from core.registry import register
+from feeders.cuda_slots import cuda_host_register
+from feeders.torch import to_device
+from frameworks.torch_trace import stage
 from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of
-from torch_trainer.prefetch import to_device
-from torch_trainer.tracing import stage
 
 POLL_S = 0.2  # the step checks the producers this often while it waits for a batch
 SLOTS = 4  # pinned buffers in the ring: one the step uses, one being copied, the rest filled ahead
@@ -68,7 +69,7 @@ class ZmqConsume(ProducerFed):
         # The hook runs on the receive threads: it makes this rank's GPU current there first.
         self.zero_copy = endpoint.startswith("shm://")
         gpu = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device() if self.cuda else None
-        self.regions = rx.cuda_host_register(device=gpu) if self.zero_copy and self.cuda else None
+        self.regions = cuda_host_register(device=gpu) if self.zero_copy and self.cuda else None
         self.slots = (
             []
             if self.zero_copy

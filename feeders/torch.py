@@ -1,4 +1,4 @@
-"""The feeder between a host-side source of batches and the device: pinned memory and a side stream.
+"""PyTorch's feeder: from a host-side source of batches to the device, through pinned memory and a side stream.
 
 A thread takes each batch (numpy arrays) from the source, copies it into one
 of a ring of page-locked host buffers, and starts an asynchronous
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from torch_trainer.tracing import stage
+from frameworks.torch_trace import stage
 
 _END = object()
 
