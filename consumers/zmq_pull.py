@@ -115,6 +115,18 @@ class PullConsumer:
             self.latency_s += max(0.0, time.time_ns() - h.send_time_ns) / 1e9
         return batch
 
+    def counters(self) -> dict:
+        """A snapshot of what came in so far, as profiler.telemetry.wire_figures takes two of them."""
+        return {
+            "time": time.perf_counter(),
+            "messages": self.batches,
+            "bytes": self.bytes,
+            "latency_s": self.latency_s,
+            "wait_s": self.wait_s,
+            "received": {pid: pc.received for pid, pc in self.tracker.producers.items()},
+            "source": "consumer counters",
+        }
+
     def refusals(self) -> str:
         """`N connection attempt(s) refused by CURVE authentication; last: ...`, or "" (as the zmq_ops op says it)."""
         while self._monitor is not None and self._monitor.poll(0, zmq.POLLIN):

@@ -2,15 +2,18 @@
 
 Modelled on tensorpack's `input_source/`: a small base class says what every
 path must provide, and each path is one subclass in one file, registered by
-name with `@register`. The TensorFlow paths live in `tf_trainer/inputs/`, the
-PyTorch ones in `torch_trainer/inputs/`; each of those packages imports every
-module in its folder, so adding a path means adding one file there (or
-registering a class from anywhere, as the tests do) and nothing else.
+name with `@register`. What a path is (its name, summary, order, advice and
+shared flag checks) is declared once, in `consumers/<path>/path.py`, and both
+frameworks' classes take it from there (`declaration`). The TensorFlow
+classes live in `tf_trainer/inputs/`, the PyTorch ones in
+`torch_trainer/inputs/`; each of those packages imports every module in its
+folder (a class registered from anywhere, as the tests do, works too).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -24,13 +27,59 @@ BASELINE = "gpu"
 _registry: dict[str, dict[str, type[InputPath]]] = {fw: {} for fw in FRAMEWORK_PACKAGES}
 
 
+# A path's words: one string for both frameworks, or one per framework where their halves work differently.
+Words = str | dict[str, str]
+IDENTITY = (
+    "name",
+    "summary",
+    "order",
+    "in_default_run",
+    "needs_producers",
+    "advice",
+    "input_advice",
+    "delivers_words",
+    "host_cpu_advice",
+)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One input path as both frameworks know it, declared once in `consumers/<path>/path.py`.
+
+    Each framework's half (`consumers/<path>/tf.py`, `torch.py`) names it as
+    its `declaration` and takes every field from it, so the CLI's choices and
+    help, the report and the verdict's advice read one place. `validate` holds
+    the flag checks both halves share; a half adds only what its framework needs.
+    """
+
+    name: str
+    summary: Words
+    order: int
+    advice: Words = "speed up the consumer"
+    in_default_run: bool = True
+    needs_producers: bool = False
+    input_advice: Words | None = None
+    delivers_words: Words | None = None
+    host_cpu_advice: Words | None = None
+    validate: Callable[[Any], None] | None = None
+
+    def words(self, field: str, framework: str) -> Any:
+        """The field's value for `framework` (None: the InputPath default stands)."""
+        value = getattr(self, field)
+        return value.get(framework) if isinstance(value, dict) else value
+
+
 class InputPath:
     """What every input path provides, whatever the framework.
 
-    Subclasses set the class attributes and override what they need. A path
-    object is made per run (`cls(cfg)`), so it may keep the run's state (its
-    sockets, producers, counters) and report it from `stage_figures`.
+    A framework's half names its path's `declaration`, which sets the class
+    attributes below (a class made elsewhere, e.g. in a test, may set them
+    itself), and overrides what it needs. A path object is made per run
+    (`cls(cfg)`), so it may keep the run's state (its sockets, producers,
+    counters) and report it from `stage_figures`.
     """
+
+    declaration: ClassVar[Declaration | None] = None
 
     name: ClassVar[str] = ""
     framework: ClassVar[str] = ""  # "tf" or "torch"
@@ -46,12 +95,28 @@ class InputPath:
     # When steps run slower than the baseline without waiting: the input's host work competes with them.
     host_cpu_advice: ClassVar[str] = "move input work off the trainer's cores (zmq-consume, producers on other hosts)"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A half that names its declaration takes its identity from it, for its own framework."""
+        super().__init_subclass__(**kwargs)
+        d = cls.__dict__.get("declaration")
+        if d is None:
+            return
+        for field in IDENTITY:
+            value = d.words(field, cls.framework)
+            if value is not None:
+                setattr(cls, field, value)
+
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
-        """Refuse flags this path cannot work with, before anything starts (raise ConfigError)."""
+        """Refuse flags this path cannot work with, before anything starts (raise ConfigError).
+
+        The declaration's checks, shared by both halves; a half that checks more calls this first.
+        """
+        if cls.declaration is not None and cls.declaration.validate is not None:
+            cls.declaration.validate(cfg)
 
     def measure_start(self) -> None:
         """The first timed step is next: snapshot the counters the stage figures are measured from."""
@@ -96,6 +161,14 @@ def batch_maker_of(cfg: Any) -> dict | None:
     if kind in ("decode", "dali") and getattr(cfg, "data", None):  # say that real JPEGs were decoded, and where from
         name += f" decoding the JPEGs in {cfg.data}"
     return {"kind": kind, "name": name, "workers": workers}
+
+
+def needs_data(cfg: Any, path: str) -> None:
+    """Refuse a path that decodes a JPEG folder when --data names none."""
+    if not cfg.data or not os.path.isdir(cfg.data):
+        raise ConfigError(
+            f"--fake-location {path} needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
+        )
 
 
 def register(cls: type[InputPath]) -> type[InputPath]:

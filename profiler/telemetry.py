@@ -67,6 +67,16 @@ def producer_figures(rows: list[dict], batch: int, source: str) -> dict | None:
     }
 
 
+def stats_file_figures(ids: list[int], stats: list[dict | None], batch: int) -> dict | None:
+    """The producers' figures from their own --stats-file (one per producer id, None where none was written)."""
+    rows = [
+        {"producer": pid, "images_per_sec": s["images_per_sec"], "send_latency_ms": s["send_latency_ms"]}
+        for pid, s in zip(ids, stats, strict=True)
+        if s is not None
+    ]
+    return producer_figures(rows, batch, "producer stats files")
+
+
 def _stage_means(rows: list[dict]) -> dict:
     """`stage_ms`: a decoding producer's per-image time in each of its stages, averaged over producers."""
     stages = [r["stage_ms"] for r in rows if r.get("stage_ms")]

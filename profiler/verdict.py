@@ -29,6 +29,7 @@ import re
 
 from tabulate import tabulate
 
+from consumers.gpu.path import PATH as BASELINE_PATH
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence
 from profiler.uncertainty import WITHIN_NOISE, too_short_words, uncertainty
@@ -112,7 +113,7 @@ def _verdict(path: str, result: dict, baseline_ips: float | None, framework: str
             "level": level,
             "limiting_stage": "trainer",
             "evidence": "; ".join(evidence + ["data already on the device: the baseline"]),
-            "advice": "this is the ceiling the other paths are measured against",
+            "advice": BASELINE_PATH.advice,  # the baseline's own words, as its declaration says them
         }
     if (result.get("uncertainty") or {}).get("within_noise"):
         return _within_noise(path, result, evidence)

@@ -19,7 +19,7 @@ from tensorpack.input_source import InputSource
 
 from core.registry import InputPath
 from feeders.tf import Staging
-from profiler.telemetry import producer_figures
+from profiler.telemetry import stats_file_figures
 from runner.producer_group import ProducerGroup
 
 NUM_CLASSES = 1000
@@ -70,12 +70,8 @@ class TFInputPath(InputPath):
         """What the producers did over the measured window; by default from their own stats files."""
         if self.producers is None:
             return None
-        rows = [
-            {"producer": i, "images_per_sec": s["images_per_sec"], "send_latency_ms": s["send_latency_ms"]}
-            for i, s in enumerate(self.producers.stats())
-            if s is not None
-        ]
-        return producer_figures(rows, self.cfg.batch, "producer stats files")
+        stats = self.producers.stats()
+        return stats_file_figures(list(range(len(stats))), stats, self.cfg.batch)
 
     def result_fields(self) -> dict:
         """Fields this path adds to its result (per-producer accounting, batches pulled)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tensorpack.input_source import InputSource, TensorInput
 
+from consumers.cpu.path import PATH
 from core.registry import register
 from frameworks.tf_env import tf
 from tf_trainer.inputs.base import NUM_CLASSES, TFInputPath
@@ -16,11 +17,7 @@ tf = tf()
 
 @register
 class CpuSynthetic(TFInputPath):
-    name = "cpu"
-    summary = "synthetic images made by TensorFlow on the CPU each step, staged onto the device"
-    order = 10
-    input_advice = "generate on the device, or feed from producers"
-    delivers_words = "random images made on the CPU every step deliver"
+    declaration = PATH
 
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:
         def fn() -> list:

@@ -10,13 +10,13 @@ Run only when asked for: it needs a JPEG folder (--data) and the plugin.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from tensorpack.input_source import FeedfreeInput, InputSource
 from tensorpack.tfutils.tower import get_current_tower_context
 
+from consumers.dali.path import PATH
 from core.errors import ConfigError
 from core.registry import register
 from feeders.tf import Staging
@@ -41,19 +41,12 @@ def plugin_available() -> bool:
 
 @register
 class InProcessDali(TFInputPath):
-    name = "dali"
-    summary = "a DALI pipeline in the trainer's process (DALI's TensorFlow plugin); needs --data"
-    order = 50
-    in_default_run = False
-    advice = "DALI's pipeline limits: raise --dali-threads, or decode on the GPU"
+    declaration = PATH
     input_op_types = frozenset({"IteratorGetNext"})
 
     @classmethod
     def validate(cls, cfg) -> None:
-        if not cfg.data or not os.path.isdir(cfg.data):
-            raise ConfigError(
-                "--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
-            )
+        super().validate(cfg)  # --data
         if not plugin_available():
             raise ConfigError(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
 

@@ -19,7 +19,8 @@ import numpy as np
 from tensorpack.input_source import InputSource, TensorInput
 from tensorpack.tfutils.tower import get_current_tower_context
 
-from core.registry import BASELINE, register
+from consumers.gpu.path import PATH
+from core.registry import register
 from frameworks.tf_env import tf
 from tf_trainer.inputs.base import TFInputPath, random_batch
 from tf_trainer.placement import tower_device
@@ -56,11 +57,8 @@ def from_storage(stored, spec):
 
 @register
 class OnDevice(TFInputPath):
-    name = BASELINE
-    summary = "synthetic batch already on the device: the baseline"
-    order = 0
+    declaration = PATH
     staged = False
-    advice = "this is the ceiling the other paths are measured against"
 
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:
         stored = [device_storage(a) for a in random_batch(specs)]

@@ -10,11 +10,9 @@ torch DataLoader or Dataset, a DataFlow, an iterable) is read through
 
 from __future__ import annotations
 
-from typing import Any
-
 from tensorpack.input_source import InputSource, TFDatasetInput
 
-from core.errors import ConfigError
+from consumers.loader.path import PATH
 from core.loader_spec import LoaderError, LoaderSpec, batches, kind_of
 from core.registry import register
 from frameworks.tf_env import tf
@@ -27,23 +25,8 @@ PREFETCH = 2
 
 @register
 class UserLoader(TFInputPath):
-    name = "loader"
-    summary = "your --loader in the trainer: a tf.data pipeline inside the graph, else from_generator"
-    order = 70
-    in_default_run = False
-    advice = (
-        "your loader limits inside the trainer: raise its parallelism (num_parallel_calls, DataLoader "
-        "num_workers), speed up its slowest stage (--loader-only names it), or run it as producers on other "
-        "cores (--fake-location zmq-consume)"
-    )
-    input_advice = advice
-    delivers_words = "the loader delivers"
+    declaration = PATH
     input_op_types = frozenset({"IteratorGetNext"})
-
-    @classmethod
-    def validate(cls, cfg: Any) -> None:
-        if not cfg.loader:
-            raise ConfigError("--fake-location loader needs --loader MODULE:CALLABLE")
 
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:
         cfg = self.cfg

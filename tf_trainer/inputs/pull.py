@@ -9,7 +9,6 @@ figures (sequence numbers and the native header's extras).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -79,8 +78,6 @@ class PullFlow(DataFlow):
 class PythonPull(TFInputPath):
     """Base of the Python paths (not registered itself): the socket, its counters, its accounting."""
 
-    needs_producers = True
-
     def __init__(self, cfg, endpoint: str | None = None) -> None:
         super().__init__(cfg, endpoint)
         self.consumer: PullConsumer | None = None
@@ -107,18 +104,7 @@ class PythonPull(TFInputPath):
         return self.flow
 
     def counters(self, session) -> dict | None:
-        c = self.consumer
-        if c is None:
-            return None
-        return {
-            "time": time.perf_counter(),
-            "messages": c.batches,
-            "bytes": c.bytes,
-            "latency_s": c.latency_s,
-            "wait_s": c.wait_s,
-            "received": {pid: pc.received for pid, pc in c.tracker.producers.items()},
-            "source": "consumer counters",
-        }
+        return None if self.consumer is None else self.consumer.counters()
 
     def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:
         """Delivered rate per producer over the measured steps (exact, consumer side), and the

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tensorpack.dataflow import DataFlowTerminated
 from tensorpack.input_source import InputSource, TFDatasetInput
 
+from consumers.python_dataset.path import PATH
 from core.registry import register
 from frameworks.tf_env import tf
 from tf_trainer.inputs.pull import PythonPull
@@ -16,10 +17,7 @@ PREFETCH = 2
 
 @register
 class PythonDataset(PythonPull):
-    name = "python-dataset"
-    summary = "pyzmq inside tf.data's from_generator, prefetched"
-    order = 30
-    advice = "the Python generator limits: use zmq-consume (the native op)"
+    declaration = PATH
     input_op_types = frozenset({"IteratorGetNext"})
 
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tensorpack.input_source import InputSource, QueueInput
 
+from consumers.python_queue.path import PATH
 from core.registry import register
 from frameworks.tf_env import tf
 from profiler.telemetry import queue_figures
@@ -43,10 +44,7 @@ class QueueStage:
 
 @register
 class PythonQueue(PythonPull):
-    name = "python-queue"
-    summary = "pyzmq in a Python thread feeding a TF FIFOQueue (tensorpack's QueueInput)"
-    order = 20
-    advice = "the Python receive loop limits: use zmq-consume (the native op) or more consumer threads"
+    declaration = PATH
     input_op_types = frozenset({"QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2"})
 
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:

@@ -14,6 +14,7 @@ import time
 from tensorpack.callbacks import Callback
 from tensorpack.input_source import InputSource, TensorInput, ZMQInput
 
+from consumers.zmq_consume.path import PATH
 from core.registry import register
 from frameworks.tf_env import tf
 from tf_trainer.expected import ensure_batch
@@ -93,11 +94,7 @@ class ConnectionStats(Callback):
 
 @register
 class ZmqConsume(TFInputPath):
-    name = "zmq-consume"
-    summary = "the native zmq_ops pull op in the graph (no Python per batch)"
-    order = 40
-    needs_producers = True
-    advice = "the pull op limits: check the wire format (native is one copy fewer) and --hwm"
+    declaration = PATH
     input_op_types = frozenset({"ZMQPull"})
 
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:

@@ -141,7 +141,6 @@ def start_producers(cfg: Any, endpoints: list[str], ids: list[int], folder: str,
 class ProducerFed(TorchInputPath):
     """A path fed by producer processes: starts this rank's share, and notices one that dies."""
 
-    needs_producers: ClassVar[bool] = True
     group = None
 
     def start(self, endpoints: list[str]) -> None:
@@ -155,16 +154,11 @@ class ProducerFed(TorchInputPath):
 
     def producer_stats(self) -> dict | None:
         """The producers' own figures (their --stats-file), where the consumer sees no headers."""
-        from profiler.telemetry import producer_figures
+        from profiler.telemetry import stats_file_figures
 
         if self.group is None:
             return None
-        rows = [
-            {"producer": pid, "images_per_sec": s["images_per_sec"], "send_latency_ms": s["send_latency_ms"]}
-            for pid, s in zip(self.producer_ids, self.group.stats(), strict=True)
-            if s is not None
-        ]
-        return producer_figures(rows, self.cfg.batch, "producer stats files")
+        return stats_file_figures(self.producer_ids, self.group.stats(), self.cfg.batch)
 
     def check(self) -> None:
         """--on-producer-exit stop: fail naming a dead producer; continue: say so once, fail when none is left."""

@@ -9,10 +9,9 @@ written again only once its last copy is done.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
+from consumers.cpu.path import PATH
 from core.registry import register
 from feeders.torch import to_device
 from frameworks.torch_trace import stage
@@ -23,10 +22,7 @@ RING = 4  # host buffers: the step's copy may still be reading the last few
 
 @register
 class HostRandom(TorchInputPath):
-    name: ClassVar[str] = "cpu"
-    summary: ClassVar[str] = "random images made by PyTorch on the CPU every step, copied to the device"
-    order: ClassVar[int] = 10
-    advice: ClassVar[str] = "generate on the device, or feed from producers"
+    declaration = PATH
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)

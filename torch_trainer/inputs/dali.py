@@ -11,11 +11,11 @@ side stream like the other paths. The result says where decoding ran.
 
 from __future__ import annotations
 
-import os
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
+from consumers.dali.path import PATH
 from core.errors import ConfigError
 from core.registry import register
 from feeders.torch import to_device
@@ -25,18 +25,11 @@ from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
 
 @register
 class Dali(TorchInputPath):
-    name: ClassVar[str] = "dali"
-    summary: ClassVar[str] = "DALI's PyTorch iterator decodes the JPEG folder in the trainer (CPU mode without a GPU)"
-    order: ClassVar[int] = 50
-    in_default_run: ClassVar[bool] = False
-    advice: ClassVar[str] = "more DALI threads (--dali-threads), or decode on the GPU"
+    declaration = PATH
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
-        if not cfg.data or not os.path.isdir(cfg.data):
-            raise ConfigError(
-                "--fake-location dali needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
-            )
+        super().validate(cfg)  # --data
         try:
             import nvidia.dali.plugin.pytorch  # noqa: F401
         except ImportError as e:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
+from consumers.gpu.path import PATH
 from core.registry import register
 from torch_trainer.inputs.base import RankContext, TorchInputPath
 
 
 @register
 class OnDevice(TorchInputPath):
-    name: ClassVar[str] = "gpu"
-    summary: ClassVar[str] = "a constant random batch made once on each device (the baseline)"
-    order: ClassVar[int] = 0
-    advice: ClassVar[str] = "this is the ceiling the other paths are measured against"
+    declaration = PATH
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)

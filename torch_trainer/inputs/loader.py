@@ -12,12 +12,10 @@ users run it, against the same model and report.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 import numpy as np
 import torch
 
-from core.errors import ConfigError
+from consumers.loader.path import PATH
 from core.loader_spec import (
     Batcher,
     LoaderError,
@@ -38,21 +36,7 @@ from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
 
 @register
 class UserLoader(TorchInputPath):
-    name: ClassVar[str] = "loader"
-    summary: ClassVar[str] = "your --loader inside each rank (a DataLoader with pin_memory), no producers"
-    order: ClassVar[int] = 70
-    in_default_run: ClassVar[bool] = False
-    advice: ClassVar[str] = (
-        "your loader limits inside the rank: raise its workers (DataLoader num_workers), speed up its slowest "
-        "stage (--loader-only names it), or run it as producers on other cores (--fake-location zmq-consume)"
-    )
-    input_advice: ClassVar[str] = advice
-    delivers_words: ClassVar[str] = "the loader delivers"
-
-    @classmethod
-    def validate(cls, cfg: Any) -> None:
-        if not cfg.loader:
-            raise ConfigError("--fake-location loader needs --loader MODULE:CALLABLE")
+    declaration = PATH
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)

@@ -11,12 +11,13 @@ what reached it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from consumers.accounting import SeqTracker
+from consumers.python_dataset.path import PATH
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
@@ -69,10 +70,7 @@ def _take_signals(worker_id: int) -> None:
 
 @register
 class PythonDataset(ProducerFed):
-    name: ClassVar[str] = "python-dataset"
-    summary: ClassVar[str] = "DataLoader workers pull from the producers (IterableDataset), pin_memory, async copy"
-    order: ClassVar[int] = 30
-    advice: ClassVar[str] = "the loader workers limit: use zmq-consume (native receive threads), or more producers"
+    declaration = PATH
 
     loader_iter = None
 

@@ -7,17 +7,18 @@ paid on every batch, which is what this path is here to measure.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
 import torch
 
+from consumers.python_queue.path import PATH
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
 from feeders.torch import Prefetcher
+from profiler.telemetry import queue_figures, wire_figures
 from torch_trainer.inputs.base import (
     ProducerFed,
     RankContext,
@@ -53,10 +54,7 @@ def pull(consumer: PullConsumer, timeout: float, stopped, expected=None) -> Iter
 
 @register
 class PythonQueue(ProducerFed):
-    name: ClassVar[str] = "python-queue"
-    summary: ClassVar[str] = "a Python thread pulls from the producers into pinned memory, prefetched on a side stream"
-    order: ClassVar[int] = 20
-    advice: ClassVar[str] = "the Python receive loop limits: use zmq-consume (native receive threads)"
+    declaration = PATH
     depth: ClassVar[int] = 4
 
     consumer: PullConsumer | None = None
@@ -93,42 +91,22 @@ class PythonQueue(ProducerFed):
         return images, labels_of(labels)
 
     def measure_start(self) -> None:
-        c = self.consumer
-        self._t0, self._n0, self._b0 = time.perf_counter(), c.batches, c.bytes
-        self._l0, self._w0 = c.latency_s, c.wait_s
-        self._recv0 = {pid: pc.received for pid, pc in c.tracker.producers.items()}
+        self._first = self.consumer.counters()
 
     def measure_end(self) -> None:
-        c = self.consumer
-        self._t1, self._n1, self._b1, self._l1, self._w1 = (
-            time.perf_counter(),
-            c.batches,
-            c.bytes,
-            c.latency_s,
-            c.wait_s,
-        )
+        self._last = self.consumer.counters()
 
     def stage_figures(self) -> dict[str, dict]:
         out: dict = {}
-        sizes = self.prefetch.queue_sizes if self.prefetch else []
-        if sizes:
-            out["queue"] = {
-                "capacity": self.depth,
-                "mean": sum(sizes) / len(sizes),
-                "empty_share": sum(1 for q in sizes if q == 0) / len(sizes),
-                "full_share": sum(1 for q in sizes if q >= self.depth) / len(sizes),
-            }
-        if hasattr(self, "_t1"):
-            dt, dn = self._t1 - self._t0, self._n1 - self._n0
-            if dt > 0 and dn > 0:
-                out["wire"] = {
-                    "messages_per_sec": dn / dt,
-                    "bytes_per_sec": (self._b1 - self._b0) / dt,
-                    "latency_ms_mean": 1e3 * (self._l1 - self._l0) / dn,
-                    "recv_wait_ms_mean": 1e3 * (self._w1 - self._w0) / dn,
-                    "source": "consumer counters",
-                }
-            out["producers"] = producers_summary(self.consumer.tracker, self.cfg.batch, dt, self._recv0)
+        queue = queue_figures(self.prefetch.queue_sizes if self.prefetch else [], self.depth)
+        if queue is not None:
+            out["queue"] = queue
+        if hasattr(self, "_last"):
+            wire = wire_figures(self._first, self._last)
+            if wire is not None:
+                out["wire"] = wire
+            dt = self._last["time"] - self._first["time"]
+            out["producers"] = producers_summary(self.consumer.tracker, self.cfg.batch, dt, self._first["received"])
         return out
 
     def accounting(self) -> dict:

@@ -12,14 +12,14 @@ the loader. Each rank decodes its own shard of the files.
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
+from consumers.spdl.path import PATH
 from core.errors import ConfigError
 from core.registry import register
 from feeders.torch import Prefetcher
@@ -29,18 +29,11 @@ from torch_trainer.inputs.base import RankContext, TorchInputPath, labels_of
 
 @register
 class Spdl(TorchInputPath):
-    name: ClassVar[str] = "spdl"
-    summary: ClassVar[str] = "SPDL's pipeline decodes the JPEG folder in the trainer (reference loader)"
-    order: ClassVar[int] = 60
-    in_default_run: ClassVar[bool] = False
-    advice: ClassVar[str] = "raise the decode concurrency (--dali-threads), or decode in producers on other cores"
+    declaration = PATH
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
-        if not cfg.data or not os.path.isdir(cfg.data):
-            raise ConfigError(
-                "--fake-location spdl needs --data DIR, a JPEG folder (make one: python -m producers make-dataset DIR)"
-            )
+        super().validate(cfg)  # --data
         try:
             import spdl.pipeline  # noqa: F401
         except ImportError as e:

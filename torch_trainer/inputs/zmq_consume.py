@@ -11,15 +11,17 @@ Without a GPU the slot itself is the step's input (no copy at all).
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
+from consumers.zmq_consume.path import PATH
 from core.errors import ConfigError, InputError
 from core.registry import register
 from feeders.cuda_slots import cuda_host_register
 from feeders.torch import to_device
 from frameworks.torch_trace import stage
+from profiler.telemetry import wire_figures
 from torch_trainer.inputs.base import ProducerFed, RankContext, labels_of
 
 POLL_S = 0.2  # the step checks the producers this often while it waits for a batch
@@ -36,10 +38,7 @@ def _receiver_module():
 
 @register
 class ZmqConsume(ProducerFed):
-    name: ClassVar[str] = "zmq-consume"
-    summary: ClassVar[str] = "native receive threads write batches into pinned memory; async copy to the device"
-    order: ClassVar[int] = 40
-    advice: ClassVar[str] = "the native receiver limits: check the wire format (native is one copy fewer) and --hwm"
+    declaration = PATH
 
     receiver = None
     regions = None  # zero copy on a GPU: the CUDA registration hook, and its report
@@ -197,30 +196,29 @@ class ZmqConsume(ProducerFed):
         self._ready = self._fetch(wait=False)  # the next batch's copy overlaps this step, if it is there already
         return images, labels_of(labels)
 
-    def measure_start(self) -> None:
+    def _counters(self) -> dict:
+        """The receiver's totals now, as profiler.telemetry.wire_figures takes them (it times no message)."""
         _, n, nbytes = self.receiver.stats()
-        self._w0 = (time.perf_counter(), n, nbytes)
+        return {
+            "time": time.perf_counter(),
+            "messages": n,
+            "bytes": nbytes,
+            "latency_s": None,
+            "wait_s": None,
+            "source": "native receiver counters",
+        }
+
+    def measure_start(self) -> None:
+        self._w0 = self._counters()
 
     def measure_end(self) -> None:
-        _, n, nbytes = self.receiver.stats()
-        self._w1 = (time.perf_counter(), n, nbytes)
+        self._w1 = self._counters()
         self._final = self.receiver.stats()
         self._producers = self.producer_stats()
 
     def stage_figures(self) -> dict[str, dict]:
-        if not hasattr(self, "_w1"):
-            return {}
-        (t0, n0, b0), (t1, n1, b1) = self._w0, self._w1
-        if t1 <= t0 or n1 <= n0:
-            return {}
-        wire = {
-            "messages_per_sec": (n1 - n0) / (t1 - t0),
-            "bytes_per_sec": (b1 - b0) / (t1 - t0),
-            "latency_ms_mean": None,
-            "recv_wait_ms_mean": None,
-            "source": "native receiver counters",
-        }
-        return {"wire": wire, "producers": self._producers}
+        wire = wire_figures(self._w0, self._w1) if hasattr(self, "_w1") else None
+        return {} if wire is None else {"wire": wire, "producers": self._producers}
 
     def accounting(self) -> dict:
         if not hasattr(self, "_final"):

@@ -1,0 +1,1 @@
+"""The `gpu` input path: its declaration (`path.py`), read by each framework's half."""

@@ -1,0 +1,1 @@
+"""The `spdl` input path: its declaration (`path.py`), read by each framework's half."""

@@ -1,0 +1,121 @@
+"""Each input path is declared once, and reports its figures through the stage contract.
+
+A path's name, summary, order and advice live in its declaration
+(`consumers/<path>/path.py`); each framework's half takes them from there.
+Its stage figures are computed by profiler/telemetry.py from what the path
+counted, the same for both frameworks, never by the path itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from core.registry import IDENTITY
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where the halves and the declarations live; core/registry.py only gives the fields their defaults.
+SOURCES = ("consumers", "tf_trainer", "torch_trainer", "feeders", "models", "harness", "profiler", "runner")
+# What profiler/telemetry.py computes from a stage's counts: a path that builds these itself bypasses it.
+FIGURE_KEYS = {"messages_per_sec", "bytes_per_sec", "latency_ms_mean", "recv_wait_ms_mean", "empty_share", "full_share"}
+
+
+def source_files() -> list[Path]:
+    return sorted(f for d in SOURCES for f in (ROOT / d).rglob("*.py"))
+
+
+def declarations() -> dict[str, Path]:
+    return {f.parent.name: f for f in sorted((ROOT / "consumers").glob("*/path.py"))}
+
+
+def test_every_path_of_both_frameworks_takes_its_identity_from_one_declaration():
+    code = (
+        "import json\n"
+        "from core import registry\n"
+        "out = {}\n"
+        "for fw in ('tf', 'torch'):\n"
+        "    for name, cls in registry.load(fw).items():\n"
+        "        d = cls.__dict__.get('declaration')\n"
+        "        out[f'{fw} {name}'] = [cls.__module__, d and type(d).__module__, d and d.name,\n"
+        "                              d and sys.modules[cls.__module__].PATH is d]\n"
+        "print(json.dumps(out))\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+
+    paths = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(paths) >= 15
+    for key, (module, decl_module, decl_name, same) in paths.items():
+        name = key.split(" ", 1)[1]
+        assert decl_module == "core.registry", f"{key} ({module}) names no declaration"
+        assert decl_name == name and same, f"{key}: its class and its declaration disagree"
+    names = {k.split(" ", 1)[1] for k in paths}
+    assert {n.replace("-", "_") for n in names} == set(declarations()), "a path without a declaration, or the reverse"
+
+
+def test_no_class_outside_a_declaration_sets_a_paths_name_summary_or_advice():
+    found = []
+    for f in source_files():
+        for cls in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(cls, ast.ClassDef) or not _is_path(cls):
+                continue
+            for st in cls.body:
+                targets = (
+                    st.targets if isinstance(st, ast.Assign) else [st.target] if isinstance(st, ast.AnnAssign) else []
+                )
+                for t in targets:
+                    if isinstance(t, ast.Name) and t.id in IDENTITY:
+                        found.append(f"{f.relative_to(ROOT)}:{st.lineno} {cls.name}.{t.id}")
+    assert not found, "declared outside consumers/<path>/path.py:\n" + "\n".join(found)
+
+
+def _is_path(cls: ast.ClassDef) -> bool:
+    """A registered class, or one built on a path base (the bases' names end in InputPath, Pull or Fed)."""
+    bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases]
+    registered = any(isinstance(d, ast.Name) and d.id == "register" for d in cls.decorator_list)
+    return registered or any(b.endswith(("InputPath", "Pull", "Fed")) for b in bases)
+
+
+def _strings(f: Path) -> set[str]:
+    """The file's string constants, its docstrings left out."""
+    tree = ast.parse(f.read_text())
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef) and n.body and isinstance(n.body[0], ast.Expr)
+    }
+    return {
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    }
+
+
+def test_a_paths_words_are_written_in_its_declaration_only():
+    own = {f: _strings(f) for f in source_files()}
+    repeated = []
+    for pkg, decl in declarations().items():
+        words = {w for w in _strings(decl) if len(w) > 24}  # summaries and advice, not short keys
+        assert words, f"{decl.relative_to(ROOT)} declares no summary"
+        for f, strings in own.items():
+            if f != decl and (same := words & strings):
+                repeated.append(f"{f.relative_to(ROOT)} repeats {pkg}'s {sorted(same)[0]!r}")
+    assert not repeated, "\n".join(repeated)
+
+
+def test_no_path_computes_its_stage_figures_itself():
+    found = []
+    for f in source_files():
+        if f.relative_to(ROOT).parts[0] in ("profiler",):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Dict):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)} & FIGURE_KEYS
+                if keys:
+                    found.append(f"{f.relative_to(ROOT)}:{node.lineno} builds {sorted(keys)}")
+    assert not found, "stage figures belong to profiler/telemetry.py:\n" + "\n".join(found)
