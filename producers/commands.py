@@ -1,7 +1,9 @@
 """Command lines that start a producer process, for whoever launches producers (the trainer, scripts).
 
 Keeping them here means the flags are spelled in one place, next to the
-subcommands that parse them.
+subcommands that parse them: `producer_command` for any producer,
+`producer_argv` for one of a run's producers (its id, HWM, stats file, rate,
+keys), which runner/producer_group.py builds from the run's flags.
 """
 
 from __future__ import annotations
@@ -46,3 +48,67 @@ def producer_command(
     if quiet:
         cmd.append("--quiet")
     return [*cmd, *extra]
+
+
+def producer_argv(
+    kind: str,
+    endpoint: str,
+    producer_id: int,
+    batch: int,
+    image_size: int,
+    fmt: str,
+    workers: int,
+    hwm: int,
+    data: str | None = None,
+    curve_keys: str | None = None,
+    rate: float | None = None,
+    stats_file: str | None = None,
+    dali_threads: int = 1,
+    dali_device: str | None = None,
+    cpu_ms_per_batch: float | None = None,
+    busy_wait: bool = False,
+    device_id: int | None = None,
+    loader: str | None = None,
+    loader_args: list[str] | tuple[str, ...] = (),
+    loader_timeout: float | None = None,
+) -> list[str]:
+    """The command line of one of a run's producers (any kind) that connects to the run's endpoint.
+
+    `rate` caps each worker's images/s; `stats_file` is where the producer writes
+    its own figures once a second (read where the consumer sees no native headers).
+    """
+    extra = ["--hwm", str(hwm), "--producer-id", str(producer_id)]
+    if rate:
+        extra += ["--rate", f"{rate:g}"]
+    if curve_keys:
+        extra += ["--curve-keys", curve_keys]
+    if stats_file:
+        extra += ["--stats-file", stats_file]
+    if kind == "dali":
+        extra += ["--dali-threads", str(dali_threads or 1)]
+        if device_id is not None and dali_device == "gpu":  # decode on the GPU this producer feeds
+            extra += ["--device-id", str(device_id)]
+    if busy_wait:
+        extra += ["--busy-wait"]
+    if cpu_ms_per_batch and kind == "synthetic":
+        extra += ["--cpu-ms-per-batch", f"{cpu_ms_per_batch:g}"]
+    if kind == "loader":
+        extra += _loader_flags(loader, loader_args, loader_timeout)
+    return producer_command(
+        kind,
+        endpoint,
+        batch,
+        image_size,
+        data=data,
+        workers=workers,
+        fmt=fmt,
+        quiet=True,
+        extra=extra,
+        dali_device=dali_device or "cpu",
+    )
+
+
+def _loader_flags(loader: str | None, loader_args: Sequence[str], timeout: float | None) -> list[str]:
+    """The user's loader, checked by the producer against the run's batch and image size."""
+    flags = ["--loader", loader or "", *[a for text in loader_args for a in ("--loader-arg", text)]]
+    return flags + (["--loader-timeout", f"{timeout:g}"] if timeout else [])

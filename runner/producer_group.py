@@ -238,66 +238,6 @@ class ProducerGroup:
         self.stop()
 
 
-def producer_command(
-    kind: str,
-    endpoint: str,
-    producer_id: int,
-    batch: int,
-    image_size: int,
-    fmt: str,
-    workers: int,
-    hwm: int,
-    data: str | None = None,
-    curve_keys: str | None = None,
-    rate: float | None = None,
-    stats_file: str | None = None,
-    dali_threads: int = 1,
-    dali_device: str | None = None,
-    cpu_ms_per_batch: float | None = None,
-    busy_wait: bool = False,
-    device_id: int | None = None,
-    loader: str | None = None,
-    loader_args: list[str] | tuple[str, ...] = (),
-    loader_timeout: float | None = None,
-) -> list[str]:
-    """The command line of one producer (synthetic, decode or dali) that connects to the run's endpoint.
-
-    `rate` caps each worker's images/s; `stats_file` is where the producer writes
-    its own figures once a second (read where the consumer sees no native headers).
-    """
-    extra = ["--hwm", str(hwm), "--producer-id", str(producer_id)]
-    if rate:
-        extra += ["--rate", f"{rate:g}"]
-    if curve_keys:
-        extra += ["--curve-keys", curve_keys]
-    if stats_file:
-        extra += ["--stats-file", stats_file]
-    if kind == "dali":
-        extra += ["--dali-threads", str(dali_threads or 1)]
-        if device_id is not None and dali_device == "gpu":  # decode on the GPU this producer feeds
-            extra += ["--device-id", str(device_id)]
-    if busy_wait:
-        extra += ["--busy-wait"]
-    if cpu_ms_per_batch and kind == "synthetic":
-        extra += ["--cpu-ms-per-batch", f"{cpu_ms_per_batch:g}"]
-    if kind == "loader":  # the user's loader, checked against the run's batch and image size
-        extra += ["--loader", loader or "", *[a for text in loader_args for a in ("--loader-arg", text)]]
-        if loader_timeout:
-            extra += ["--loader-timeout", f"{loader_timeout:g}"]
-    return commands.producer_command(
-        kind,
-        endpoint,
-        batch,
-        image_size,
-        data=data,
-        workers=workers,
-        fmt=fmt,
-        quiet=True,
-        extra=extra,
-        dali_device=dali_device or "cpu",
-    )
-
-
 def run_producer_command(
     cfg: Any, endpoint: str, producer_id: int, stats_file: str, device_id: int | None = None
 ) -> list[str]:
@@ -305,7 +245,7 @@ def run_producer_command(
 
     `device_id`: the GPU the producer's batches go to, where a dali producer decodes with --dali-device gpu.
     """
-    return producer_command(
+    return commands.producer_argv(
         cfg.producer_kind,
         endpoint,
         producer_id,
@@ -329,16 +269,39 @@ def run_producer_command(
     )
 
 
-def start_producers(cfg: Any, endpoint: str, folder: str) -> ProducerGroup:
-    """Start the run's `cfg.producers` producers of `cfg.producer_kind`; their stats files go in `folder`.
+def start_producers(
+    cfg: Any,
+    endpoints: str | list[str],
+    folder: str | None,
+    ids: list[int] | None = None,
+    device_ids: list[int | None] | None = None,
+    supervise: bool = True,
+) -> ProducerGroup | None:
+    """Start a run's producers, producer k pushing to endpoints[k % len(endpoints)]; None with --endpoint.
 
-    `folder` is the run's own: the producers remove it if the run dies first.
+    The one place either trainer starts producers (the run binds, producers connect),
+    or says it waits for the user's. `ids`: which producers (default: all of the run's,
+    1000 x i; a PyTorch rank starts its share); their stats files go in `folder`.
+    `device_ids`: the GPU each one's batches go to, where dali producers decode on the GPU
+    (default: spread over the towers' GPUs, not all on GPU 0). `supervise`: the group applies
+    --on-producer-exit and removes `folder` if the run dies first (a PyTorch rank watches its own).
     """
-    stats = [os.path.join(folder, f"producer-{i}.json") for i in range(cfg.producers)]
-    # dali producers decoding on GPUs: spread over the towers' GPUs, not all on GPU 0.
+    endpoints = [endpoints] if isinstance(endpoints, str) else endpoints
+    if cfg.endpoint:  # the run waits for the user's producer; a PyTorch rank, for those that address it
+        who = "an external producer" if ids is None else "external producers"
+        print(f"  waiting for {who} to connect to {', '.join(endpoints)}", flush=True)
+        return None
+    ids = [1000 * i for i in range(cfg.producers)] if ids is None else ids
     gpus = max(1, cfg.num_gpus or 1)
-    cmds = [run_producer_command(cfg, endpoint, 1000 * i, stats[i], i % gpus) for i in range(cfg.producers)]
-    return ProducerGroup(cmds, endpoint, stats, cfg.on_producer_exit, run_dir=folder).start()
+    device_ids = [k % gpus for k in range(len(ids))] if device_ids is None else device_ids
+    stats = [os.path.join(folder, f"producer-{pid}.json") for pid in ids]  # each producer's own figures
+    cmds = [
+        run_producer_command(cfg, endpoints[k % len(endpoints)], pid, stats[k], device_ids[k])
+        for k, pid in enumerate(ids)
+    ]
+    if not supervise:
+        return ProducerGroup(cmds, ", ".join(endpoints), stats).start()
+    return ProducerGroup(cmds, ", ".join(endpoints), stats, cfg.on_producer_exit, run_dir=folder).start()
 
 
 def _importable(name: str) -> bool:

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from consumers.expect import receive_cap  # noqa: E402
 from frameworks.tf_env import tf as _tf  # noqa: E402
-from runner.producer_group import ProducerGroup, producer_command  # noqa: E402
+from producers.commands import producer_argv as producer_command  # noqa: E402
+from runner.producer_group import ProducerGroup  # noqa: E402
 
 tf = _tf()
 

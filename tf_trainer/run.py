@@ -349,11 +349,9 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 run_dir.make()
             built.path.open()
             if built.path.needs_producers:
-                if cfg.endpoint:
-                    print(f"  waiting for an external producer to connect to {cfg.endpoint}", flush=True)
-                else:
-                    group = built.path.producers = start_producers(cfg, built.path.endpoint, run_dir.name)
-                    group.on_failure(built.path.interrupt)  # a feeding thread waiting for a batch stops waiting
+                group = built.path.producers = start_producers(cfg, built.path.endpoint, run_dir and run_dir.name)
+                if group is not None:  # a feeding thread waiting for a batch stops waiting when one fails
+                    group.on_failure(built.path.interrupt)
             timer, callbacks = _callbacks(built, group, list(extra_callbacks))
             _train(built, callbacks, has_gpu, group)
             _check_complete(built, timer, group)

@@ -119,25 +119,6 @@ def cpu_threads(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_world))
 
 
-def start_producers(cfg: Any, endpoints: list[str], ids: list[int], folder: str, device_id: int | None = None):
-    """Start this rank's producers, producer k pushing to endpoints[k % len(endpoints)]; None with --endpoint.
-
-    The run binds, producers connect: the same producer processes and flags as the TensorFlow trainer.
-    `device_id`: the rank's GPU, where dali producers decode with --dali-device gpu.
-    """
-    if cfg.endpoint:
-        print(f"  waiting for external producers to connect to {', '.join(endpoints)}", flush=True)
-        return None
-    from runner.producer_group import ProducerGroup, run_producer_command
-
-    stats = [os.path.join(folder, f"producer-{pid}.json") for pid in ids]  # each producer's own figures
-    cmds = [
-        run_producer_command(cfg, endpoints[k % len(endpoints)], pid, stats[k], device_id=device_id)
-        for k, pid in enumerate(ids)
-    ]
-    return ProducerGroup(cmds, ", ".join(endpoints), stats).start()
-
-
 class ProducerFed(TorchInputPath):
     """A path fed by producer processes: starts this rank's share, and notices one that dies."""
 
@@ -148,7 +129,10 @@ class ProducerFed(TorchInputPath):
         self.producer_ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
         gpu = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         gpu = self.ctx.local_rank if gpu is None and self.ctx.device.type == "cuda" else gpu
-        self.group = start_producers(self.cfg, endpoints, self.producer_ids, self.ctx.tmpdir, gpu)
+        from runner.producer_group import start_producers
+
+        ids = self.producer_ids  # the same producer processes and flags as the TensorFlow trainer, a share per rank
+        self.group = start_producers(self.cfg, endpoints, self.ctx.tmpdir, ids, [gpu] * len(ids), supervise=False)
         if self.group is not None and self.cfg.producer_kind == "dali":  # the rank's own GPU, or the CPU
             self.decoded_on = f"gpu {gpu} (dali producers)" if self.cfg.dali_device == "gpu" else "cpu (dali producers)"
 
