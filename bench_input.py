@@ -105,6 +105,10 @@ def parse_args(argv: list[str], paths: dict):
         "capacity's interval, which tells paths apart (0: a quick search, one probe each, no interval to speak of)",
     )  # fmt: skip
     g.add_argument(
+        "--capacity-probes", type=positive_int, default=BenchConfig.capacity_probes, metavar="N",
+        help="with --find-capacity: at most N probes per path before its tries (fewer: a quicker, coarser bracket)",
+    )  # fmt: skip
+    g.add_argument(
         "--bench", action="store_true",
         help="what `make bench` runs: every path on the real model; without a GPU, then every path's capacity "
         "against emulated H100s (or --emulate NAME)",

@@ -45,6 +45,7 @@ class BenchConfig:
     capacity_tries: int = (
         3  # --capacity-tries: extra tries at each path's decisive probes (profiler/capacity.py CONFIRM)
     )
+    capacity_probes: int = 5  # --capacity-probes: probes per path before the bisection stops
     producers: int = 2
     producer_workers: int = 1
     producer_kind: str = "synthetic"  # synthetic, decode, dali, or loader (the user's own: --loader)

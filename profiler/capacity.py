@@ -50,7 +50,7 @@ class CapacitySearch:
     probe: Callable[[float], dict]  # rate per device -> a path result (images_per_sec.median, ...)
     baseline: Callable[[float], float]  # rate per device -> baseline images/s at that rate
     threshold: float = THRESHOLD
-    max_probes: int = 5
+    max_probes: int = BenchConfig.capacity_probes
     tolerance: float = 0.1
     confirm: int = CONFIRM
     probes: list[dict] = field(default_factory=list)

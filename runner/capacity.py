@@ -189,7 +189,7 @@ def _path_capacity(
             first.update(r)
         return r
 
-    found = CapacitySearch(towers, probe, baseline, confirm=confirm).run(preset_rate)
+    found = CapacitySearch(towers, probe, baseline, max_probes=cfg.capacity_probes, confirm=confirm).run(preset_rate)
     if found["rate_per_device"] is not None:
         at = run_path(probe_config(cfg, found["rate_per_device"], batch_given), BASELINE)
         found["baseline_at_capacity"] = at["images_per_sec"]["median"]

@@ -356,7 +356,7 @@ def test_a_loader_feeds_zmq_consume_and_its_capacity_is_found(data, tmp_path, lo
     search = loader == f"{TV}:make_loader"
     js = tmp_path / "run.json"
     how = (
-        ["--find-capacity", "--capacity-tries", "0"]
+        ["--find-capacity", "--capacity-tries", "0", "--capacity-probes", "2"]
         if search
         else ["--warmup-steps", "2", "--steps", "8", "--repeats", "1"]
     )

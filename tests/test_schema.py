@@ -63,8 +63,8 @@ def test_a_sweep_matches_the_schema(tmp_path):
 def test_a_torch_capacity_run_against_emulated_h100s_matches_the_schema(tmp_path):
     """--framework torch --find-capacity --emulate H100, end to end: each path's capacity, labelled as emulated."""
     p = bench(tmp_path, "--framework", "torch", "--find-capacity", "--emulate", "H100", "--fake-location",
-              "zmq-consume", "--num-gpus", "1", "--image-size", "32", "--capacity-tries", "0", "--json", "cap.json",
-              "--out", "out")  # fmt: skip
+              "zmq-consume", "--num-gpus", "1", "--image-size", "32", "--capacity-tries", "0", "--capacity-probes", "2",
+              "--json", "cap.json", "--out", "out")  # fmt: skip
     doc = json.loads((tmp_path / "cap.json").read_text())
     check_report(doc)
     assert doc["framework"] == "torch" and doc["model"]["emulated"] is True and doc["model"]["device"] == "H100"
