@@ -146,6 +146,17 @@ class _View:
         }  # fmt: skip
 
 
+def _slot_list(slots: Sequence[Sequence[Any]] | int, tensors: int, zero_copy: bool) -> Sequence[Sequence[Any]]:
+    """The slots' buffers; with zero copy, `slots` is a count and each slot's addresses are filled in later."""
+    if zero_copy:
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError("a zero-copy Receiver takes `slots` as the number of batches one may hold (>= 1)")
+        return [[0] * tensors for _ in range(slots)]
+    if isinstance(slots, int):
+        raise ValueError("Receiver needs buffers for each slot (or zero_copy=True)")
+    return slots
+
+
 class Receiver:
     """Native receive threads filling a ring of caller-owned slots from a ZMQ endpoint.
 
@@ -178,12 +189,7 @@ class Receiver:
         unmapped (False), from the receive threads; e.g. `feeders.cuda_slots.cuda_host_register()`."""
         check_endpoint(endpoint, bind, allow_remote, secured=bool(curve_keys))
         self.zero_copy = bool(zero_copy)
-        if self.zero_copy:
-            if not isinstance(slots, int) or slots < 1:
-                raise ValueError("a zero-copy Receiver takes `slots` as the number of batches one may hold (>= 1)")
-            slots = [[0] * len(specs) for _ in range(slots)]
-        elif isinstance(slots, int):
-            raise ValueError("Receiver needs buffers for each slot (or zero_copy=True)")
+        slots = _slot_list(slots, len(specs), self.zero_copy)
         self.endpoint = endpoint
         self.specs = [(np.dtype(d), tuple(int(x) for x in shape)) for d, shape in specs]
         if not self.specs or not slots:
