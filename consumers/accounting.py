@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+NATIVE_ROW = ("producer", "received", "lost", "duplicated", "restarts")  # the native receive core's per-producer row
+
+
+def native_rows(rows) -> list[dict]:
+    """The per-producer rows the native receive core counts (the op's and the receiver's), as the report's dicts."""
+    return [dict(zip(NATIVE_ROW, map(int, row), strict=True)) for row in rows]
+
 
 @dataclass
 class ProducerCount:

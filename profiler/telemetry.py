@@ -109,6 +109,11 @@ def delivered_rows(producers: dict, before: dict[int, int], batch: int, dt: floa
     return rows
 
 
+def delivered_figures(producers: dict, before: dict[int, int], batch: int, dt: float) -> dict | None:
+    """The producers' figures from a consumer's exact counts and the native headers' extras (`delivered_rows`)."""
+    return producer_figures(delivered_rows(producers, before, batch, dt), batch, "consumer counts + native headers")
+
+
 def input_wait_figures(traced: list[tuple[float, float]]) -> dict:
     """From (exposed input ms, step wall ms) of the traced steps: the wait per step and its share of the step."""
     if not traced:

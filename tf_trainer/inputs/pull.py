@@ -16,7 +16,7 @@ from tensorpack.dataflow import DataFlow, DataFlowTerminated
 
 from consumers.expect import BatchSpec
 from consumers.zmq_pull import PullConsumer, ReceiveStopped, ReceiveTimeout
-from profiler.telemetry import delivered_rows, producer_figures
+from profiler.telemetry import delivered_figures
 from tf_trainer.inputs.base import TFInputPath
 from wire.errors import WireError
 
@@ -113,8 +113,7 @@ class PythonPull(TFInputPath):
         if c is None or not c.tracker.producers or window is None:
             return super().producer_figures(window)
         w0, w1 = window
-        rows = delivered_rows(c.tracker.producers, w0["received"], self.cfg.batch, w1["time"] - w0["time"])
-        return producer_figures(rows, self.cfg.batch, "consumer counts + native headers")
+        return delivered_figures(c.tracker.producers, w0["received"], self.cfg.batch, w1["time"] - w0["time"])
 
     def result_fields(self) -> dict:
         # Per producer, from sequence numbers: what arrived, what went missing or came twice.

@@ -14,6 +14,7 @@ import time
 from tensorpack.callbacks import Callback
 from tensorpack.input_source import InputSource, TensorInput, ZMQInput
 
+from consumers.accounting import native_rows
 from consumers.zmq_consume.path import PATH
 from core.registry import register
 from frameworks.tf_env import tf
@@ -83,8 +84,7 @@ class ConnectionStats(Callback):
     def read(self, session) -> tuple[list[dict], int, int]:
         """Per-producer rows, and the messages and bytes received so far."""
         rows, totals = session.run(self._stats)
-        keys = ("producer", "received", "lost", "duplicated", "restarts")
-        return [dict(zip(keys, map(int, row), strict=True)) for row in rows], int(totals[0]), int(totals[1])
+        return native_rows(rows), int(totals[0]), int(totals[1])
 
     def _after_train(self) -> None:
         if getattr(self.trainer.sess, "_closed", False):  # a failed input closed it: the run reports why

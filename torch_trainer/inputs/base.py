@@ -106,14 +106,6 @@ def rank_producer_ids(producers: int, rank: int, world: int) -> list[int]:
     return mine or [1000 * (producers + rank)]
 
 
-def producers_summary(tracker, batch: int, dt: float, before: dict[int, int]) -> dict | None:
-    """Producer figures from the consumer's exact counts and the native headers' extras (as the TF paths)."""
-    from profiler.telemetry import delivered_rows, producer_figures
-
-    rows = delivered_rows(tracker.producers, before, batch, dt)
-    return producer_figures(rows, batch, "consumer counts + native headers")
-
-
 def cpu_threads(local_world: int) -> int:
     """Intra-op threads per rank: the machine's cores shared by the ranks on it."""
     return max(1, (os.cpu_count() or 1) // max(1, local_world))

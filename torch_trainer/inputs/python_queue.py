@@ -18,14 +18,13 @@ from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
 from feeders.torch import Prefetcher
-from profiler.telemetry import queue_figures, wire_figures
+from profiler.telemetry import delivered_figures, queue_figures, wire_figures
 from torch_trainer.inputs.base import (
     ProducerFed,
     RankContext,
     check_batch,
     expected_batch,
     labels_of,
-    producers_summary,
 )
 
 POLL_S = 0.2  # the thread checks for a stop this often while no batch arrives
@@ -106,7 +105,8 @@ class PythonQueue(ProducerFed):
             if wire is not None:
                 out["wire"] = wire
             dt = self._last["time"] - self._first["time"]
-            out["producers"] = producers_summary(self.consumer.tracker, self.cfg.batch, dt, self._first["received"])
+            producers = self.consumer.tracker.producers
+            out["producers"] = delivered_figures(producers, self._first["received"], self.cfg.batch, dt)
         return out
 
     def accounting(self) -> dict:

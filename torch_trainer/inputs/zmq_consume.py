@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from consumers.accounting import native_rows
 from consumers.zmq_consume.path import PATH
 from core.errors import ConfigError, InputError
 from core.registry import register
@@ -224,9 +225,8 @@ class ZmqConsume(ProducerFed):
         if not hasattr(self, "_final"):
             return {}
         rows, messages, _ = self._final
-        keys = ("producer", "received", "lost", "duplicated", "restarts")
         out = {
-            "producers": [dict(zip(keys, map(int, r), strict=True)) for r in rows],
+            "producers": native_rows(rows),
             "batches_pulled": int(messages),
             "zero_copy": self.zero_copy,
         }
