@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from test_loader import data as photos  # noqa: F401  (a fixture: a small JPEG folder)
 from test_loader import error_lines, finish, left_in_session, start
@@ -169,6 +170,33 @@ def test_reuse_of_unchanged_slots_is_refused_for_a_loader(hostile):
     assert code == 2, err
     [line] = error_lines(err)
     assert "--reuse-unchanged-slots" in line and "loader" in line
+
+
+@pytest.mark.parametrize("how", ["Ctrl-C to the group", "SIGTERM to the producer", "SIGKILL to the producer"])
+def test_a_standalone_loader_producer_stopped_leaves_none_of_its_loaders_processes(photos, ipc_dir, how):  # noqa: F811
+    """A DataLoader with worker processes (and torch's resource tracker) inside a standalone producer's worker:
+    however the producer is stopped, none of them stays behind, and no shared memory."""
+    endpoint = f"shm://fb-hostile-stop-{os.getpid()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": ipc_dir}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "producers", "loader", "--endpoint", endpoint, "--quiet",
+         "--loader", "examples/torchvision_imagefolder.py:make_loader", "--loader-arg", f"data={photos}",
+         "--loader-arg", "num_workers=2", "--batch", "4", "--image-size", "32"],
+        cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    with PullConsumer(endpoint, recv_timeout=120) as c:
+        for _ in range(4):  # batches made by the DataLoader's workers: every process is running
+            c.recv()
+        assert len(psutil.Process(p.pid).children(recursive=True)) >= 3  # the worker and its 2 loader workers
+        if how == "Ctrl-C to the group":
+            os.killpg(p.pid, signal.SIGINT)
+        else:
+            p.send_signal(signal.SIGTERM if how.startswith("SIGTERM") else signal.SIGKILL)
+        code, _, err = finish(p, 120)
+    # A producer the user stops ends as it should (0); a killed one says nothing, its workers die with it.
+    assert code == (-signal.SIGKILL if how.startswith("SIGKILL") else 0) and "Traceback" not in err, err[-2000:]
+    assert left_in_session(p.pid) == []
+    assert not [f for f in os.listdir("/dev/shm") if "fb-hostile-stop" in f]
 
 
 # --------------------------------------------------------------------------- 2: a callable that never returns
