@@ -44,14 +44,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str], paths: dict):
-    """The flags; input path names and their help come from the registry."""
-    from core.cli_types import non_negative_int, positive_float, positive_int
-    from core.config import BenchConfig
-    from core.registry import BASELINE
-    from producers.commands import KINDS
+    """The flags, one group per concern; input path names and their help come from the registry."""
     from runner import cluster_spec
 
     p = _Parser(prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_path_flags(p, paths)
+    _add_model_flags(p)
+    _add_emulation_flags(p)
+    _add_producer_flags(p)
+    _add_loader_flags(p)
+    p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
+    _add_machine_flags(p)
+    _add_profiling_flags(p)
+    cluster_spec.add_flags(p)
+    return p.parse_args(argv)
+
+
+def _add_path_flags(p: argparse.ArgumentParser, paths: dict) -> None:
+    """Which trainer, and which input paths it runs: the choices are the registry's paths."""
+    from core.registry import BASELINE
+
     p.add_argument(
         "--framework", choices=("tf", "torch"), default="tf", help="the trainer: TensorFlow (default) or PyTorch"
     )
@@ -61,6 +73,13 @@ def parse_args(argv: list[str], paths: dict):
         "--fake-location", choices=list(paths), metavar="PATH",
         help=f"run this input path and the {BASELINE} baseline (default: {default_run}). Paths: {listing}",
     )  # fmt: skip
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The trained model and its schedule: devices, batch, steps, variables, precision."""
+    from core.cli_types import non_negative_int, positive_int
+    from runner import cluster_spec
+
     p.add_argument(
         "--num-gpus", type=positive_int, help="towers (devices); default: every GPU, or 2 CPU devices without a GPU"
     )
@@ -85,6 +104,13 @@ def parse_args(argv: list[str], paths: dict):
     p.add_argument("--use-fp16", action="store_true", help="fp16 compute, fp32 master weights, loss scaling")
     p.add_argument("--use-xla-compile", action="store_true", help="compile each tower's step with XLA")
     p.add_argument("--input-only", action="store_true", help="no model: each path's input ceiling")
+
+
+def _add_emulation_flags(p: argparse.ArgumentParser) -> None:
+    """Emulated devices and the capacity search, which measure a path against a published rate."""
+    from core.cli_types import non_negative_int, positive_float, positive_int
+    from core.config import BenchConfig
+
     g = p.add_argument_group("emulated devices and capacity (docs/emulated.md)")
     g.add_argument(
         "--model", choices=("resnet50", "emulated"), default="resnet50",
@@ -113,6 +139,13 @@ def parse_args(argv: list[str], paths: dict):
         help="what `make bench` runs: every path on the real model; without a GPU, then every path's capacity "
         "against emulated H100s (or --emulate NAME)",
     )  # fmt: skip
+
+
+def _add_producer_flags(p: argparse.ArgumentParser) -> None:
+    """The run's producer processes and the wire they send on."""
+    from core.cli_types import positive_float, positive_int
+    from producers.commands import KINDS
+
     g = p.add_argument_group("producers (for paths that read from producers)")
     g.add_argument("--producers", type=positive_int, default=2, help="how many producer processes the run starts")
     g.add_argument(
@@ -154,8 +187,12 @@ def parse_args(argv: list[str], paths: dict):
         help="allow --endpoint, or this cluster task's --*-hosts entry, on a non-loopback address (unauthenticated)",
     )  # fmt: skip
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
-    _add_loader_flags(p)
-    p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
+
+
+def _add_machine_flags(p: argparse.ArgumentParser) -> None:
+    """Several machines in one PyTorch run, joined by torchrun's rendezvous."""
+    from core.cli_types import non_negative_int, positive_int
+
     g = p.add_argument_group("several machines (--framework torch, on torchrun)")
     g.add_argument("--nnodes", type=positive_int, default=1, help="machines in the run, each running --num-gpus ranks")
     g.add_argument("--node-rank", type=non_negative_int, default=0, help="this machine's index, 0 to --nnodes - 1")
@@ -165,6 +202,12 @@ def parse_args(argv: list[str], paths: dict):
         type=positive_int,
         help="node 0's rendezvous port (default: a free port; 29500 across machines)",
     )
+
+
+def _add_profiling_flags(p: argparse.ArgumentParser) -> None:
+    """Telemetry, slow-loader knobs, traces and sweeps: what explains a path's figure."""
+    from core.cli_types import non_negative_int, positive_float
+
     g = p.add_argument_group("profiling and sweeps (docs/profiling.md)")
     g.add_argument(
         "--no-telemetry", dest="telemetry", action="store_false",
@@ -201,8 +244,6 @@ def parse_args(argv: list[str], paths: dict):
         help="--fake-location, --num-gpus, --batch, --use-fp16 and --use-xla-compile take comma lists; run the grid",
     )  # fmt: skip
     g.add_argument("--out", metavar="DIR", help="write results.{json,csv,md,png} here (default for --sweep: results/)")
-    cluster_spec.add_flags(p)
-    return p.parse_args(argv)
 
 
 def _add_loader_flags(p: argparse.ArgumentParser) -> None:
@@ -355,21 +396,27 @@ def _main(argv: list[str]) -> int:
 
         bind_host.ensure(task.host_port, task.address, task.allow_remote)  # listen on the task's own address only
     validate(cfg, paths)
-    if grid is not None and grid.get("emulate_rate"):  # every swept rate, with the largest batch swept
-        from core.config import emulated_batch
-        from core.emulate import EmulateError, check_step
-
-        for rate in grid["emulate_rate"]:
-            try:
-                check_step(rate, max(grid.get("batch") or [cfg.batch or emulated_batch(rate)]), cfg.recv_timeout)
-            except EmulateError as e:
-                raise ConfigError(str(e)) from None
+    if grid is not None and grid.get("emulate_rate"):
+        _check_swept_rates(grid, cfg)
     from harness import plugin, run
 
     trainer = plugin.load(framework, args)
     if task is not None:  # a task of a TensorFlow cluster: the cluster's own run and report
         return trainer.run_task(cfg, task)
     return run.main(trainer, cfg, base, grid, args.out, args.bench)
+
+
+def _check_swept_rates(grid: dict, cfg) -> None:
+    """Every swept emulated rate, with the largest batch swept, before the first grid point runs."""
+    from core.config import emulated_batch
+    from core.emulate import EmulateError, check_step
+    from core.errors import ConfigError
+
+    for rate in grid["emulate_rate"]:
+        try:
+            check_step(rate, max(grid.get("batch") or [cfg.batch or emulated_batch(rate)]), cfg.recv_timeout)
+        except EmulateError as e:
+            raise ConfigError(str(e)) from None
 
 
 def _framework(argv: list[str]) -> str:

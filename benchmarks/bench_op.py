@@ -373,6 +373,31 @@ def median_gbps(rows: list[Row], path: str, transport: str, fmt: str, cfg: Confi
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every chosen path over every chosen transport and format; the table, then where a batch's time goes."""
+    args = _parse(argv)
+    cfg = Config(args.batch, args.image_size, args.steps, args.repeats, args.warmup, args.hwm, args.producer_workers)
+    transports = args.transports.split(",")
+    formats = args.formats.split(",")
+
+    memcpy = memcpy_gbps()
+    print(f"single-core memcpy (np.copyto, 256 MB, median of 7): {memcpy:.2f} GB/s", flush=True)
+    print(f"batch: {cfg.batch}x{cfg.image_size}x{cfg.image_size}x3 uint8 + int32 labels = "
+          f"{cfg.batch_bytes / 1e6:.2f} MB; {cfg.warmup} warm-up, then {cfg.repeats} x {cfg.steps} steps",
+          flush=True)  # fmt: skip
+    if project_producer_works():
+        print(f"producer: python -m producers synthetic ({cfg.producer_workers} worker process(es); over shm:// "
+              "each writes every batch into its slot anew, as a decoding producer must)")  # fmt: skip
+
+    # The Python paths read raw pyzmq sockets: they run on the first socket transport.
+    py_transport = next((t for t in transports if t != "shm"), "ipc")
+    rows = _measure(args.paths.split(","), transports, formats, py_transport, cfg)
+    print()
+    print(report(rows, cfg, memcpy))
+    _summary(rows, transports, py_transport, memcpy, cfg)
+    return 0
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_op", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64, help="images per batch")
     parser.add_argument("--image-size", type=int, default=224, help="image height and width")
@@ -387,21 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="op,receiver,generator,queue,pyzmq",
                         help="comma-separated: op, receiver (the TF-free native receiver), generator "
                         "(from_generator), queue (FIFOQueue feed), pyzmq (recv only)")  # fmt: skip
-    args = parser.parse_args(argv)
-    cfg = Config(args.batch, args.image_size, args.steps, args.repeats, args.warmup, args.hwm, args.producer_workers)
-    transports = args.transports.split(",")
-    formats = args.formats.split(",")
+    return parser.parse_args(argv)
 
-    memcpy = memcpy_gbps()
-    print(f"single-core memcpy (np.copyto, 256 MB, median of 7): {memcpy:.2f} GB/s", flush=True)
-    print(f"batch: {cfg.batch}x{cfg.image_size}x{cfg.image_size}x3 uint8 + int32 labels = "
-          f"{cfg.batch_bytes / 1e6:.2f} MB; {cfg.warmup} warm-up, then {cfg.repeats} x {cfg.steps} steps",
-          flush=True)  # fmt: skip
-    if project_producer_works():
-        print(f"producer: python -m producers synthetic ({cfg.producer_workers} worker process(es); over shm:// "
-              "each writes every batch into its slot anew, as a decoding producer must)")  # fmt: skip
 
-    paths = args.paths.split(",")
+def _measure(paths: list[str], transports: list[str], formats: list[str], py_transport: str, cfg: Config) -> list[Row]:
+    """One row per path, transport and format measured (the op's and receiver's shm:// rows also zero-copy)."""
     rows: list[Row] = []
     if "op" in paths:
         for transport in transports:
@@ -420,16 +435,17 @@ def main(argv: list[str] | None = None) -> int:
             if transport == "shm":
                 rows.append(run_receiver(transport, "native", cfg, zero_copy=True))
                 print(f"  done: receiver {transport} zero-copy", file=sys.stderr, flush=True)
-    # The Python paths read raw pyzmq sockets: they run on the first socket transport.
-    py_transport = next((t for t in transports if t != "shm"), "ipc")
     python_paths = {"generator": run_from_generator, "queue": run_fifo_queue, "pyzmq": run_pyzmq_only}
     for name, run in python_paths.items():
         if name in paths:
             rows.append(run(py_transport, "native", cfg))
             print(f"  done: {rows[-1].path}", file=sys.stderr, flush=True)
 
-    print()
-    print(report(rows, cfg, memcpy))
+    return rows
+
+
+def _summary(rows: list[Row], transports: list[str], py_transport: str, memcpy: float, cfg: Config) -> None:
+    """The op against memcpy and from_generator, and where a batch's time goes on the first socket transport."""
     gen = median_gbps(rows, "pyzmq + from_generator", py_transport, "native", cfg)
     print()
     for transport in transports:
@@ -450,7 +466,6 @@ def main(argv: list[str] | None = None) -> int:
         parts.append(("the consumer op on a batch already in memory", consume_only_ms(cfg)))
         for label, ms in parts:
             print(f"  {label:<46}{ms:7.2f}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -587,25 +587,7 @@ def guarded(
     credits = threading.Semaphore(ahead)  # one more for every item the consumer asks for
     done = threading.Event()
 
-    def pump() -> None:
-        n = 0
-        try:
-            while True:
-                while not credits.acquire(timeout=0.1):
-                    if done.is_set():
-                        return
-                if done.is_set():
-                    return
-                item = next(items, _END)
-                if item is _END:
-                    break
-                n += 1
-                q.put((prepare(item), None))
-            q.put((_END, None))
-        except BaseException as e:  # reported by the consumer of the queue as one line
-            q.put((_END, (n + 1, e)))
-
-    t = threading.Thread(target=pump, name="feedbench-loader", daemon=True)
+    t = threading.Thread(target=_pump, args=(items, q, credits, done, prepare), name="feedbench-loader", daemon=True)
     t.start()
     got = 0
     try:
@@ -626,6 +608,32 @@ def guarded(
         # Let the thread leave the loader's code before the process may exit: a thread killed at
         # interpreter exit inside native code (TensorFlow's, say) aborts the process.
         t.join(min(timeout, 10.0))
+
+
+def _pump(
+    items: Iterator[Any],
+    q: queue.Queue,
+    credits: threading.Semaphore,
+    done: threading.Event,
+    prepare: Callable[[Any], Any],
+) -> None:
+    """guarded's thread: one item per credit, made the consumer's own, then (_END, error or None) at the end."""
+    n = 0
+    try:
+        while True:
+            while not credits.acquire(timeout=0.1):
+                if done.is_set():
+                    return
+            if done.is_set():
+                return
+            item = next(items, _END)
+            if item is _END:
+                break
+            n += 1
+            q.put((prepare(item), None))
+        q.put((_END, None))
+    except BaseException as e:  # reported by the consumer of the queue as one line
+        q.put((_END, (n + 1, e)))
 
 
 def _take(

@@ -171,75 +171,21 @@ def rates(now: dict[str, float], before: dict[str, float], dt: float) -> dict[st
 def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupted, stats_file) -> int:
     """Print progress (and write the stats file) until the workers end; turn worker reports into one exit code."""
     code = sender.DONE
-    bar = None
-    if progress:
-        # "Sent" is all a producer can know: a batch is handed to ZMQ for a connected consumer, which may
-        # still drop it (a receive cap, a consumer that closes with batches queued).
-        desc = f"{describe or 'producer'} sent"
-        # One rate on the bar: what was sent over the last second (the postfix), not tqdm's own average, which
-        # stays at its last figure while sending is blocked.
-        fmt = (
-            "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
-            if cfg.count
-            else "{desc}: {n_fmt} batches [{elapsed}{postfix}]"
-        )
-        bar = tqdm(total=cfg.count, unit="batch", desc=desc, file=sys.stderr, dynamic_ncols=True, bar_format=fmt)
+    bar = _progress_bar(cfg, describe) if progress else None
     last_t, last = time.perf_counter(), Counters.totals(shared)
-    reported: set[int] = set()
-    open_readers = list(readers)
-
-    def drain() -> None:
-        while ready := wait(open_readers, timeout=0.05):
-            for r in ready:
-                try:
-                    worker, kind, text = r.recv()
-                except (EOFError, OSError):  # the worker has exited
-                    open_readers.remove(r)
-                    continue
-                if kind in ("error", "gone") and worker not in reported:
-                    reported.add(worker)
-                    print(f"error: producer worker {worker}: {text}", file=sys.stderr)
-                    if kind == "error":
-                        stop.value = 1  # one broken worker stops the producer
-
-    def check_workers() -> None:
-        """A worker that died without a word (killed, crashed) is reported, its region removed, the rest stopped."""
-        for worker, p in enumerate(procs):
-            if p.exitcode is None or p.exitcode == 0 or worker in reported:
-                continue
-            drain()  # it may have said why on its way out
-            if worker in reported:
-                continue
-            reported.add(worker)
-            if p.exitcode < 0:
-                sig = -p.exitcode
-                name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
-                how = f"killed by {name}"
-            else:
-                how = f"exited with code {p.exitcode}"
-            print(f"error: producer worker {worker}: {how}", file=sys.stderr, flush=True)
-            stop.value = 1  # a producer short of a worker is not the producer asked for
-
+    reports = _WorkerReports(procs, readers, stop)
     try:
         while any(p.is_alive() for p in procs) and not interrupted:
             if parent.gone():  # the run died (its SIGTERM may be on its way too)
                 interrupted.append(signal.SIGTERM)
                 break
             time.sleep(0.2)
-            drain()
+            reports.drain()
             if not stop.value:
-                check_workers()
+                reports.check_workers()
             now, tot = time.perf_counter(), Counters.totals(shared)
             if now - last_t >= 1.0:
-                r = rates(tot, last, now - last_t)
-                if stats_file:
-                    atomic_write(stats_file, json.dumps(r))
-                if bar is not None:
-                    bar.update(int(tot["batches"]) - bar.n)
-                    bar.set_postfix_str(
-                        f"sent {r['batches_per_sec']:.1f} batch/s, {r['images_per_sec']:.0f} img/s, "
-                        f"{r['bytes_per_sec'] / 1e6:.0f} MB/s, send latency {r['send_latency_ms']:.1f} ms"
-                    )
+                _show_rates(rates(tot, last, now - last_t), tot, stats_file, bar)
                 last_t, last = now, tot
     finally:
         if bar is not None:
@@ -249,5 +195,75 @@ def _supervise(procs, readers, stop, shared, cfg, progress, describe, interrupte
         p.join(10)
         if p.exitcode not in (None, 0):
             code = max(code, p.exitcode if p.exitcode > 0 else sender.FAILED)
-    drain()
+    reports.drain()
     return 0 if interrupted else code
+
+
+def _progress_bar(cfg: SendConfig, describe: str | None) -> tqdm:
+    """The producer's progress bar on stderr: batches sent, and the last second's rates as its postfix."""
+    # "Sent" is all a producer can know: a batch is handed to ZMQ for a connected consumer, which may
+    # still drop it (a receive cap, a consumer that closes with batches queued).
+    desc = f"{describe or 'producer'} sent"
+    # One rate on the bar: what was sent over the last second (the postfix), not tqdm's own average, which
+    # stays at its last figure while sending is blocked.
+    fmt = (
+        "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+        if cfg.count
+        else "{desc}: {n_fmt} batches [{elapsed}{postfix}]"
+    )
+    return tqdm(total=cfg.count, unit="batch", desc=desc, file=sys.stderr, dynamic_ncols=True, bar_format=fmt)
+
+
+def _show_rates(r: dict[str, float], tot: dict[str, float], stats_file: str | None, bar: tqdm | None) -> None:
+    """The last second's figures: into the stats file, and onto the progress bar."""
+    if stats_file:
+        atomic_write(stats_file, json.dumps(r))
+    if bar is not None:
+        bar.update(int(tot["batches"]) - bar.n)
+        bar.set_postfix_str(
+            f"sent {r['batches_per_sec']:.1f} batch/s, {r['images_per_sec']:.0f} img/s, "
+            f"{r['bytes_per_sec'] / 1e6:.0f} MB/s, send latency {r['send_latency_ms']:.1f} ms"
+        )
+
+
+class _WorkerReports:
+    """What the workers say on their status pipes, and a death without a word: one line per worker, at most."""
+
+    def __init__(self, procs: list, readers: list[Connection], stop) -> None:
+        self.procs = procs
+        self.open_readers = list(readers)
+        self.stop = stop
+        self.reported: set[int] = set()
+
+    def drain(self) -> None:
+        """Print what the workers have said; a worker's error stops the producer."""
+        while ready := wait(self.open_readers, timeout=0.05):
+            for r in ready:
+                try:
+                    worker, kind, text = r.recv()
+                except (EOFError, OSError):  # the worker has exited
+                    self.open_readers.remove(r)
+                    continue
+                if kind in ("error", "gone") and worker not in self.reported:
+                    self.reported.add(worker)
+                    print(f"error: producer worker {worker}: {text}", file=sys.stderr)
+                    if kind == "error":
+                        self.stop.value = 1  # one broken worker stops the producer
+
+    def check_workers(self) -> None:
+        """A worker that died without a word (killed, crashed) is reported, its region removed, the rest stopped."""
+        for worker, p in enumerate(self.procs):
+            if p.exitcode is None or p.exitcode == 0 or worker in self.reported:
+                continue
+            self.drain()  # it may have said why on its way out
+            if worker in self.reported:
+                continue
+            self.reported.add(worker)
+            if p.exitcode < 0:
+                sig = -p.exitcode
+                name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
+                how = f"killed by {name}"
+            else:
+                how = f"exited with code {p.exitcode}"
+            print(f"error: producer worker {worker}: {how}", file=sys.stderr, flush=True)
+            self.stop.value = 1  # a producer short of a worker is not the producer asked for

@@ -345,51 +345,7 @@ def run(
         attach(sock, cfg.endpoint, cfg.bind, cfg.allow_remote, secured=bool(cfg.curve_keys))
         bound = cfg.bind
         on_ready()
-        if slots is not None and getattr(source, "fills_buffers", False):
-            batches = source(worker, buffers=slots.buffers)
-        else:
-            batches = source(worker)
-        # A source may report counters of its own (e.g. bad files skipped) in each header.
-        source_extras = getattr(source, "header_extras", lambda worker: {})
-        telemetry = _Telemetry()
-        seq = 0
-        t_start = time.perf_counter()
-        while cfg.count is None or seq < cfg.count:
-            t0 = time.perf_counter()
-            arrays = next(batches, None)
-            if slots is not None and slots.gone:
-                return SLOTS_HELD
-            if arrays is None:  # a finite source ran out
-                break
-            t1 = time.perf_counter()
-            images = len(arrays[0])
-            if cfg.rate:
-                # Pace against the start, so a stall does not let the producer burst afterwards.
-                _pace(t_start + seq * images / cfg.rate, should_stop)
-            t2 = time.perf_counter()
-            extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
-            nbytes = STALE
-            while nbytes == STALE:
-                frames = None
-                if slots is not None:
-                    slot, offsets = slots.prepare(arrays)
-                    if slot is None:  # no slot came back: the consumer holds them all, or stopped reading
-                        return DONE if should_stop() else SLOTS_HELD
-                    frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)
-                stale = slots.moved_on if slots is not None else lambda: False
-                ready = slots.handed_over if slots is not None else lambda: True
-                nbytes = _send(sock, arrays, cfg, seq, extras, should_stop, frames, stale, ready)
-            if nbytes is None:
-                return DONE if should_stop() else CONSUMER_GONE
-            t3 = time.perf_counter()
-            telemetry.record(images, t1 - t0, t3 - t2)
-            seq += 1
-            if counters is not None:
-                counters.add(images, nbytes, t3 - t2, t1 - t0)
-            if should_stop():
-                return DONE
-        _wait_for_consumer_to_leave(peers, should_stop, cfg.give_up_after)
-        return DONE
+        return _stream(source, worker, cfg, sock, slots, peers, counters, should_stop)
     finally:
         # Let queued messages reach the consumer, but not forever if it is gone or we were stopped.
         sock.disable_monitor()
@@ -402,3 +358,61 @@ def run(
             slots.close()
         if bound:  # libzmq leaves a bound ipc (or shm://'s slot-message) socket's file behind
             release(cfg.endpoint, bind=True)
+
+
+def _stream(
+    source: Source,
+    worker: int,
+    cfg: SendConfig,
+    sock,
+    slots: _SlotSender | None,
+    peers: _Peers,
+    counters: Counters | None,
+    should_stop: Callable[[], bool],
+) -> int:
+    """The send loop on a connected socket: pace, put each batch on the wire, count it; an exit code."""
+    if slots is not None and getattr(source, "fills_buffers", False):
+        batches = source(worker, buffers=slots.buffers)
+    else:
+        batches = source(worker)
+    # A source may report counters of its own (e.g. bad files skipped) in each header.
+    source_extras = getattr(source, "header_extras", lambda worker: {})
+    telemetry = _Telemetry()
+    seq = 0
+    t_start = time.perf_counter()
+    while cfg.count is None or seq < cfg.count:
+        t0 = time.perf_counter()
+        arrays = next(batches, None)
+        if slots is not None and slots.gone:
+            return SLOTS_HELD
+        if arrays is None:  # a finite source ran out
+            break
+        t1 = time.perf_counter()
+        images = len(arrays[0])
+        if cfg.rate:
+            # Pace against the start, so a stall does not let the producer burst afterwards.
+            _pace(t_start + seq * images / cfg.rate, should_stop)
+        t2 = time.perf_counter()
+        extras = {**telemetry.summary, **source_extras(worker), "sent": seq} if cfg.fmt == "native" else None
+        nbytes = STALE
+        while nbytes == STALE:
+            frames = None
+            if slots is not None:
+                slot, offsets = slots.prepare(arrays)
+                if slot is None:  # no slot came back: the consumer holds them all, or stopped reading
+                    return DONE if should_stop() else SLOTS_HELD
+                frames = shm.encode(arrays, cfg.producer_id, seq, slots.region.name, slot, offsets, extras)
+            stale = slots.moved_on if slots is not None else lambda: False
+            ready = slots.handed_over if slots is not None else lambda: True
+            nbytes = _send(sock, arrays, cfg, seq, extras, should_stop, frames, stale, ready)
+        if nbytes is None:
+            return DONE if should_stop() else CONSUMER_GONE
+        t3 = time.perf_counter()
+        telemetry.record(images, t1 - t0, t3 - t2)
+        seq += 1
+        if counters is not None:
+            counters.add(images, nbytes, t3 - t2, t1 - t0)
+        if should_stop():
+            return DONE
+    _wait_for_consumer_to_leave(peers, should_stop, cfg.give_up_after)
+    return DONE

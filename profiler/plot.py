@@ -224,53 +224,10 @@ def capacity_png(results: dict[str, dict], title: str = "") -> bytes:
         figsize=(WIDTH_IN, 1.2 + 0.75 * max(1, len(rows)) + 0.25 * len(overlaps)), dpi=DPI, layout="constrained"
     )
     colors = {p: plt.get_cmap("tab10")(i) for i, p in enumerate(results)}
-    top = 0.0
-    for c in (c for _, c in rows):
-        iv = c.get("interval") or [None, None]
-        top = max(
-            [
-                top,
-                c.get("images_per_sec") or 0.0,
-                iv[1] or 0.0,
-                *(p["demand_images_per_sec"] for p in c.get("probes", [])),
-            ]
-        )
+    top = _capacity_top(rows)
     for y, (path, c) in enumerate(rows):
-        cap = c.get("images_per_sec") or 0.0
-        probes = c.get("probes", [])
-        ax.barh(
-            y, cap, 0.6, color=colors.get(path, "grey"), edgecolor="black", linewidth=0.6,
-            hatch="//" if path == BASELINE else None, alpha=0.85,
-        )  # fmt: skip
-        lo, hi = (c.get("interval") or [None, None])[:2]
-        if lo is not None:
-            right = hi if hi is not None else top * 1.12
-            ax.errorbar(
-                (lo + right) / 2, y, xerr=[[(right - lo) / 2], [(right - lo) / 2]], fmt="none", ecolor="black",
-                capsize=4, lw=1.2, zorder=4,
-            )  # fmt: skip
-            if hi is None:  # open above: no probe fell short
-                ax.annotate("", (top * 1.16, y), (right, y), arrowprops={"arrowstyle": "->", "lw": 1.2})
-        seen: dict[float, int] = {}
-        for p in probes:
-            k = seen[p["demand_images_per_sec"]] = seen.get(p["demand_images_per_sec"], -1) + 1
-            ax.plot(
-                p["demand_images_per_sec"], y - 0.13 * k, marker="o", markersize=6, linestyle="none", zorder=5,
-                markerfacecolor="black" if p["kept_up"] else "white", markeredgecolor="black",
-            )  # fmt: skip
-        words = "baseline" if path == BASELINE else ""
-        label = f"{cap:,.0f} img/s = {c.get('devices', 0):.2f} {device}s"
-        if lo is not None:
-            label += f" (interval {lo:,.0f}–{hi:,.0f})" if hi is not None else f" (interval >= {lo:,.0f})"
-        label += f" ({words})" if words else ""
-        if path != BASELINE and c.get("images_per_sec") is None:
-            label = "short even at the lowest probe"
-        ax.text(cap + top * 0.01, y + 0.36, label, va="center", fontsize=9)
-    n = 1
-    while per_device * n <= top * 1.05:
-        ax.axvline(per_device * n, color="grey", linestyle="dotted", lw=1)
-        ax.text(per_device * n, -0.75, f"{n} {device}", ha="center", fontsize=8, color="grey")
-        n += 1 if top / per_device < 12 else max(1, int(top / per_device / 8))
+        _capacity_row(ax, y, path, c, top, colors.get(path, "grey"), device)
+    _device_lines(ax, per_device, top, device)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([p for p, _ in rows])
     ax.invert_yaxis()
@@ -289,6 +246,65 @@ def capacity_png(results: dict[str, dict], title: str = "") -> bytes:
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
     return buf.getvalue()
+
+
+def _capacity_top(rows: list[tuple[str, dict]]) -> float:
+    """The largest figure any row draws (capacity, interval's top, a probe): the chart's scale."""
+    top = 0.0
+    for c in (c for _, c in rows):
+        iv = c.get("interval") or [None, None]
+        top = max(
+            [
+                top,
+                c.get("images_per_sec") or 0.0,
+                iv[1] or 0.0,
+                *(p["demand_images_per_sec"] for p in c.get("probes", [])),
+            ]
+        )
+    return top
+
+
+def _capacity_row(ax, y: int, path: str, c: dict, top: float, color, device: str) -> None:
+    """One path's row: its capacity bar, the interval's error bar (an arrow where open), its probes, its label."""
+    cap = c.get("images_per_sec") or 0.0
+    probes = c.get("probes", [])
+    ax.barh(
+        y, cap, 0.6, color=color, edgecolor="black", linewidth=0.6,
+        hatch="//" if path == BASELINE else None, alpha=0.85,
+    )  # fmt: skip
+    lo, hi = (c.get("interval") or [None, None])[:2]
+    if lo is not None:
+        right = hi if hi is not None else top * 1.12
+        ax.errorbar(
+            (lo + right) / 2, y, xerr=[[(right - lo) / 2], [(right - lo) / 2]], fmt="none", ecolor="black",
+            capsize=4, lw=1.2, zorder=4,
+        )  # fmt: skip
+        if hi is None:  # open above: no probe fell short
+            ax.annotate("", (top * 1.16, y), (right, y), arrowprops={"arrowstyle": "->", "lw": 1.2})
+    seen: dict[float, int] = {}
+    for p in probes:
+        k = seen[p["demand_images_per_sec"]] = seen.get(p["demand_images_per_sec"], -1) + 1
+        ax.plot(
+            p["demand_images_per_sec"], y - 0.13 * k, marker="o", markersize=6, linestyle="none", zorder=5,
+            markerfacecolor="black" if p["kept_up"] else "white", markeredgecolor="black",
+        )  # fmt: skip
+    words = "baseline" if path == BASELINE else ""
+    label = f"{cap:,.0f} img/s = {c.get('devices', 0):.2f} {device}s"
+    if lo is not None:
+        label += f" (interval {lo:,.0f}–{hi:,.0f})" if hi is not None else f" (interval >= {lo:,.0f})"
+    label += f" ({words})" if words else ""
+    if path != BASELINE and c.get("images_per_sec") is None:
+        label = "short even at the lowest probe"
+    ax.text(cap + top * 0.01, y + 0.36, label, va="center", fontsize=9)
+
+
+def _device_lines(ax, per_device: float, top: float, device: str) -> None:
+    """Dotted lines at whole devices, thinned out when there are many."""
+    n = 1
+    while per_device * n <= top * 1.05:
+        ax.axvline(per_device * n, color="grey", linestyle="dotted", lw=1)
+        ax.text(per_device * n, -0.75, f"{n} {device}", ha="center", fontsize=8, color="grey")
+        n += 1 if top / per_device < 12 else max(1, int(top / per_device / 8))
 
 
 def _overlap_words(rows: list[tuple[str, dict]]) -> list[str]:

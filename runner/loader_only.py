@@ -20,7 +20,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
@@ -123,24 +123,14 @@ def measure(opts: Options, workers: int) -> dict:
             readers.append(reader)
 
         def check() -> None:
-            for r in wait(readers, timeout=0):
-                try:
-                    kind, text = r.recv()
-                except (EOFError, OSError):
-                    readers.remove(r)
-                    continue
-                raise LoaderError(text)
-            for i, p in enumerate(procs):
-                if not p.is_alive() and p.exitcode != 0:
-                    raise LoaderError(f"loader {opts.spec.name}: worker {i} died (exit code {p.exitcode})")
+            _check_workers(opts, procs, readers)
 
         # Warm-up: every copy has started and yielded a few batches (the first is the slowest).
-        deadline = time.monotonic() + opts.timeout * (opts.warmup_batches + 1)
-        while min(shared[i * _FIELDS] for i in range(workers)) < opts.warmup_batches:
-            check()
-            if time.monotonic() > deadline:
-                raise LoaderError(f"loader {opts.spec.name}: no warm-up batches within {opts.timeout:g} s")
-            time.sleep(0.02)
+        _wait_until(
+            lambda: min(shared[i * _FIELDS] for i in range(workers)) >= opts.warmup_batches,
+            opts.timeout * (opts.warmup_batches + 1), check,
+            f"loader {opts.spec.name}: no warm-up batches within {opts.timeout:g} s",
+        )  # fmt: skip
         cpu0 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
         t0 = time.perf_counter()
         go.value = 1
@@ -149,32 +139,59 @@ def measure(opts: Options, workers: int) -> dict:
             check()
             time.sleep(0.02)
         # Every worker must have finished at least one full batch inside the window.
-        deadline = time.monotonic() + opts.timeout
-        while min(shared[i * _FIELDS + 1] for i in range(workers)) <= 0:
-            check()
-            if time.monotonic() > deadline:
-                raise LoaderError(f"loader {opts.spec.name}: no batch within {opts.timeout:g} s")
-            time.sleep(0.02)
+        _wait_until(
+            lambda: min(shared[i * _FIELDS + 1] for i in range(workers)) > 0, opts.timeout, check,
+            f"loader {opts.spec.name}: no batch within {opts.timeout:g} s",
+        )  # fmt: skip
         stop.value = 1
         wall = time.perf_counter() - t0
         cpu1 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
-        per_worker = []
-        for i in range(workers):
-            images, start, last = shared[i * _FIELDS + 1], shared[i * _FIELDS + 2], shared[i * _FIELDS + 3]
-            per_worker.append(images / (last - start) if last > start else 0.0)
-        cpu_s = sum((cpu1[p] or 0.0) - (cpu0[p] or 0.0) for p in cpu0)
-        total = sum(per_worker)
-        return {
-            "workers": workers,
-            "images_per_sec": total,
-            "images_per_sec_per_worker": total / workers,
-            "worker_rates": per_worker,
-            "cpu_cores": cpu_s / wall if wall > 0 else 0.0,
-            "window_s": wall,
-        }
+        return _point(shared, workers, wall, cpu0, cpu1)
     finally:
         shutdown.unregister(stop_all)
         stop_workers(procs, readers, stop)
+
+
+def _check_workers(opts: Options, procs: list, readers: list[Connection]) -> None:
+    """Raise LoaderError for the first worker that reported an error or died."""
+    for r in wait(readers, timeout=0):
+        try:
+            kind, text = r.recv()
+        except (EOFError, OSError):
+            readers.remove(r)
+            continue
+        raise LoaderError(text)
+    for i, p in enumerate(procs):
+        if not p.is_alive() and p.exitcode != 0:
+            raise LoaderError(f"loader {opts.spec.name}: worker {i} died (exit code {p.exitcode})")
+
+
+def _wait_until(done: Callable[[], bool], seconds: float, check: Callable[[], None], message: str) -> None:
+    """Poll `done` while `check` watches the workers; LoaderError(message) after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        check()
+        if time.monotonic() > deadline:
+            raise LoaderError(message)
+        time.sleep(0.02)
+
+
+def _point(shared, workers: int, wall: float, cpu0: dict, cpu1: dict) -> dict:
+    """The point's figures from the workers' shared counts and their CPU time over the window."""
+    per_worker = []
+    for i in range(workers):
+        images, start, last = shared[i * _FIELDS + 1], shared[i * _FIELDS + 2], shared[i * _FIELDS + 3]
+        per_worker.append(images / (last - start) if last > start else 0.0)
+    cpu_s = sum((cpu1[p] or 0.0) - (cpu0[p] or 0.0) for p in cpu0)
+    total = sum(per_worker)
+    return {
+        "workers": workers,
+        "images_per_sec": total,
+        "images_per_sec_per_worker": total / workers,
+        "worker_rates": per_worker,
+        "cpu_cores": cpu_s / wall if wall > 0 else 0.0,
+        "window_s": wall,
+    }
 
 
 @contextlib.contextmanager

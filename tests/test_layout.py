@@ -115,3 +115,21 @@ def test_no_neutral_module_imports_a_framework_even_inside_a_function():
             if any(n == f or n.startswith(f + ".") for f in FRAMEWORKS):
                 bad.append(f"{m} imports {n}")
     assert not bad, "\n".join(bad)
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_outside_tests_is_longer_than_sixty_lines():
+    """A long function is split into named steps that say why; nested functions count with their parent."""
+    long = []
+    for f in sorted(ROOT.rglob("*.py")):
+        rel = f.relative_to(ROOT)
+        if rel.parts[0] == "tests" or any(p.startswith(".") or p in ("build", "__pycache__") for p in rel.parts):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{rel}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "functions over 60 lines:\n" + "\n".join(long)

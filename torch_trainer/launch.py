@@ -261,13 +261,7 @@ def agent_main(argv: list[str] | None = None) -> int:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import parse_args, run
 
-        # PyTorch gives many of its loggers a stderr handler of their own: keep their records instead.
-        for name, logger in list(logging.Logger.manager.loggerDict.items()):
-            if name.startswith("torch") and isinstance(logger, logging.Logger) and logger.handlers:
-                for handler in logger.handlers:
-                    handler.setLevel(logging.CRITICAL + 1)
-                logger.addHandler(records)
-
+        _keep_torch_records(records)
         try:
             run(parse_args(args))
         except SignalException as e:
@@ -288,15 +282,29 @@ def agent_main(argv: list[str] | None = None) -> int:
             signal.signal(sig, signal.SIG_IGN)
         orphaned = os.getppid() != a.parent
     if failure is not None and not orphaned:
-        if records.last and "why" not in failure and "failures" not in failure:
-            failure["log"] = records.last
-        try:
-            Path(a.result_dir, FAILURE_FILE).write_text(json.dumps(failure))
-        except OSError:
-            pass
+        _write_failure(a.result_dir, failure, records)
     if orphaned:  # nobody is left to read or remove the run's folder
         shutil.rmtree(a.result_dir, ignore_errors=True)
     return code
+
+
+def _keep_torch_records(records: logging.Handler) -> None:
+    """PyTorch gives many of its loggers a stderr handler of their own: keep their records instead."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("torch") and isinstance(logger, logging.Logger) and logger.handlers:
+            for handler in logger.handlers:
+                handler.setLevel(logging.CRITICAL + 1)
+            logger.addHandler(records)
+
+
+def _write_failure(result_dir: str, failure: dict, records) -> None:
+    """The launcher's failure, for the run to say in one line (with torchrun's last log line when that is all)."""
+    if records.last and "why" not in failure and "failures" not in failure:
+        failure["log"] = records.last
+    try:
+        Path(result_dir, FAILURE_FILE).write_text(json.dumps(failure))
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -63,10 +63,8 @@ def build(cfg: BenchConfig, device, world: int):
 def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     """Warm-up + steps x repeats on this rank, fed by path `name`; this rank's figures."""
     import torch
-    import torch.nn.functional as F
 
     from core import registry
-    from models.torch import normalize
     from torch_trainer.measure import RankTimer, synchronize
 
     model, opt, scaler, amp = build(cfg, ctx.device, ctx.world)
@@ -75,16 +73,48 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     with open(os.path.join(ctx.result_dir, f"at-rank{ctx.rank}.txt"), "w") as f:
         f.write(where + "\n")  # what this rank was doing, should it die without a word
     timer = RankTimer(cfg.warmup_steps, cfg.steps, cfg.repeats)
+    sync_debug = os.environ.get(SYNC_DEBUG_ENV) if ctx.device.type == "cuda" else None  # torch_trainer.gpu_check
+    prepared = _preparer(cfg)
+    train_step = _stepper(cfg, ctx, model, opt, scaler, amp)
+    try:
+        path.open(ctx)
+        _run_steps(cfg, ctx, path, timer, lambda images, labels: train_step(prepared(images), labels), sync_debug)
+        path.measure_end()
+        synchronize(ctx.device)
+        figures = _path_figures(path, timer, amp)
+        if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them
+            _profile(cfg, name, ctx, path, prepared, train_step)
+    except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
+        # A producer that died, a receive that timed out, a batch of the wrong shape: one line
+        # naming the path and its endpoint (ValueError: the wire's and the receiver's batch errors).
+        raise InputError(f"{where}: {detail(e, name)}") from e
+    finally:
+        if sync_debug:
+            torch.cuda.set_sync_debug_mode(0)  # closing a path may synchronize, deliberately
+        path.close()
+    return figures
+
+
+def _preparer(cfg: BenchConfig):
+    """What the host does to a batch before the model: normalize it, unless the device is emulated."""
+    from models.torch import normalize
+
     channels_last = cfg.data_format == "NHWC"
-    show = ctx.rank == 0 and cfg.telemetry
-    cuda = ctx.device.type == "cuda"
-    # DDP's gradients are views of its buckets: zero them in place, or every step re-creates them as copies.
-    bucket_views = ctx.world > 1 and not cfg.input_only
-    sync_debug = os.environ.get(SYNC_DEBUG_ENV) if cuda else None  # python -m torch_trainer.gpu_check
 
     def prepared(images):
         # An emulated device's rate includes all of its work: the host does not normalize for it.
         return images if cfg.model == "emulated" else normalize(images, channels_last)
+
+    return prepared
+
+
+def _stepper(cfg: BenchConfig, ctx, model, opt, scaler, amp):
+    """The training step every path feeds: forward, backward and the optimizer's step on one batch."""
+    import torch
+    import torch.nn.functional as F
+
+    # DDP's gradients are views of its buckets: zero them in place, or every step re-creates them as copies.
+    bucket_views = ctx.world > 1 and not cfg.input_only
 
     def train_step(x, labels):
         """Forward, backward and the optimizer's step on one normalized batch; the loss."""
@@ -102,61 +132,65 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
             opt.step()
         return loss
 
-    try:
-        path.open(ctx)
-        for step in range(timer.needed):
-            if step == cfg.warmup_steps:
-                path.measure_start()
-                if sync_debug:  # after the warm-up: cuDNN's autotuning and DDP's first steps may synchronize
-                    torch.cuda.set_sync_debug_mode(sync_debug)
-            t0 = time.perf_counter()
-            before = timer.mark(cuda)  # on the step's stream: done when the previous step's work is
-            images, labels = path.next()
-            after = timer.mark(cuda)  # done when the batch is there too: the device waited in between
-            t1 = time.perf_counter()
-            loss = train_step(prepared(images), labels)
-            timer.losses.append(loss.detach())
-            if timer.window_end(step):
-                with allowed_sync(sync_debug):
-                    synchronize(ctx.device)  # a timed window ends when the device has done its work
-            timer.starts.append(t0)
-            timer.waits.append(t1 - t0)  # the host's wait; on a GPU replaced by the device's at the window's end
-            timer.device_marks.append((before, after))
-            timer.ends.append(time.perf_counter())
-            if timer.window_end(step):
-                timer.close_window(step)
-                if show and step >= cfg.warmup_steps:
-                    rate = cfg.batch * cfg.steps / timer.window_walls[-1]
-                    print(
-                        f"  window {len(timer.window_walls)}/{cfg.repeats}: {rate:.1f} images/s on rank 0", flush=True
-                    )
-            path.check()
-        if sync_debug:
-            torch.cuda.set_sync_debug_mode(0)
-        path.measure_end()
-        synchronize(ctx.device)
-        figures = timer.figures()
-        figures["stages"] = path.stage_figures()
-        figures.update(path.accounting())
-        figures["decoded_on"] = path.decoded_on  # where DALI decoded, for the dali paths
-        figures["batches_trained"] = timer.needed
-        figures["amp"] = str(amp).replace("torch.", "") if amp is not None else None
-        if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them
-            from torch_trainer.tracing import ProfileSteps
+    return train_step
 
-            profiled = ProfileSteps(cfg.profile_dir, name, ctx.rank, ctx.device)
-            written = profiled.run(path.next, prepared, train_step, path.check)
-            if ctx.rank == 0 and written:
-                print(f"  profile: {written[0]}{' (and one per rank)' if ctx.world > 1 else ''}", flush=True)
-    except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
-        # A producer that died, a receive that timed out, a batch of the wrong shape: one line
-        # naming the path and its endpoint (ValueError: the wire's and the receiver's batch errors).
-        raise InputError(f"{where}: {detail(e, name)}") from e
-    finally:
-        if sync_debug:
-            torch.cuda.set_sync_debug_mode(0)  # closing a path may synchronize, deliberately
-        path.close()
+
+def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | None) -> None:
+    """Warm-up, then the timed windows: each step takes a batch from the path, the device's wait marked around it."""
+    import torch
+
+    from torch_trainer.measure import synchronize
+
+    show = ctx.rank == 0 and cfg.telemetry
+    cuda = ctx.device.type == "cuda"
+    for step in range(timer.needed):
+        if step == cfg.warmup_steps:
+            path.measure_start()
+            if sync_debug:  # after the warm-up: cuDNN's autotuning and DDP's first steps may synchronize
+                torch.cuda.set_sync_debug_mode(sync_debug)
+        t0 = time.perf_counter()
+        before = timer.mark(cuda)  # on the step's stream: done when the previous step's work is
+        images, labels = path.next()
+        after = timer.mark(cuda)  # done when the batch is there too: the device waited in between
+        t1 = time.perf_counter()
+        loss = step_on(images, labels)
+        timer.losses.append(loss.detach())
+        if timer.window_end(step):
+            with allowed_sync(sync_debug):
+                synchronize(ctx.device)  # a timed window ends when the device has done its work
+        timer.starts.append(t0)
+        timer.waits.append(t1 - t0)  # the host's wait; on a GPU replaced by the device's at the window's end
+        timer.device_marks.append((before, after))
+        timer.ends.append(time.perf_counter())
+        if timer.window_end(step):
+            timer.close_window(step)
+            if show and step >= cfg.warmup_steps:
+                rate = cfg.batch * cfg.steps / timer.window_walls[-1]
+                print(f"  window {len(timer.window_walls)}/{cfg.repeats}: {rate:.1f} images/s on rank 0", flush=True)
+        path.check()
+    if sync_debug:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def _path_figures(path, timer, amp) -> dict:
+    """This rank's figures: the timer's, the path's stages and accounting, and how it trained."""
+    figures = timer.figures()
+    figures["stages"] = path.stage_figures()
+    figures.update(path.accounting())
+    figures["decoded_on"] = path.decoded_on  # where DALI decoded, for the dali paths
+    figures["batches_trained"] = timer.needed
+    figures["amp"] = str(amp).replace("torch.", "") if amp is not None else None
     return figures
+
+
+def _profile(cfg: BenchConfig, name: str, ctx, path, prepared, train_step) -> None:
+    """A trace of a few untimed steps after the timed ones (torch.profiler), one file per rank."""
+    from torch_trainer.tracing import ProfileSteps
+
+    profiled = ProfileSteps(cfg.profile_dir, name, ctx.rank, ctx.device)
+    written = profiled.run(path.next, prepared, train_step, path.check)
+    if ctx.rank == 0 and written:
+        print(f"  profile: {written[0]}{' (and one per rank)' if ctx.world > 1 else ''}", flush=True)
 
 
 SYNC_DEBUG_ENV = "FEEDBENCH_CUDA_SYNC_DEBUG"  # "warn" or "error": torch.cuda.set_sync_debug_mode in the timed steps
@@ -243,67 +277,25 @@ def worker(argv: list[str] | None = None) -> int:
     # quietly: bench_input.py says what happened, in one line.
     shutdown.install(announce=False)
     follow_launcher()  # and so does the launcher's death
-    p = argparse.ArgumentParser(prog="python -m torch_trainer.run")
-    p.add_argument("--config", required=True)
-    p.add_argument("--result-dir", required=True)
-    a = p.parse_args(argv)
-    raw = json.load(open(a.config))
-    raw["shrunk"] = {k: tuple(v) for k, v in raw.get("shrunk", {}).items()}
-    cfg = BenchConfig(**{k: v for k, v in raw.items() if k in BenchConfig.__dataclass_fields__})
-
+    result_dir, cfg = _worker_config(argv)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    import torch
     import torch.distributed as dist
 
-    from torch_trainer.inputs.base import RankContext, cpu_threads
-
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or cpu_threads(local_world)))
-    torch.manual_seed(0)
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    device = _join_group(dist)
     links = host_to_device(device, rank, world, dist)  # before training, one device at a time
-    results: dict[str, dict] = {}
-    rank_dir = os.path.join(a.result_dir, f"r{rank}")
-    os.makedirs(rank_dir, exist_ok=True)
-    host = socket.gethostname()
-    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu"
     code = 0
     try:
-        for name in cfg.paths:
-            if rank == 0:
-                print(f"- {name} ...", flush=True)
-            t0 = time.perf_counter()
-            ctx = RankContext(rank, world, local_rank, device, rank_dir, a.result_dir)
-            figures = train_path(cfg, name, ctx)
-            figures.update(rank=rank, host=host, device=dev_name)
-            gathered: list = [None] * world
-            dist.all_gather_object(gathered, figures)
-            if rank == 0:
-                results[name] = combined(cfg, name, gathered)
-                r = results[name]
-                print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
-        if rank == 0:
-            from core.atomic import atomic_write
-            from torch_trainer.plugin import describe_machine
-
-            doc = {"device": {**describe_machine(torch), **({"h2d_pinned_gbps": links} if links else {})},
-                   "paths": results}  # fmt: skip
-            atomic_write(os.path.join(a.result_dir, "result.json"), json.dumps(doc))
+        _train_paths(cfg, result_dir, device, dist, links)
     except Exception as e:  # a producer that died, a receive timeout, an import that failed
         if shutdown.stopping():  # being stopped: the watcher exits once the producers are gone
             threading.Event().wait()
         if isinstance(e, FeedbenchError):
-            _error(a.result_dir, rank, str(e), e.exit_code)
+            _error(result_dir, rank, str(e), e.exit_code)
             code = e.exit_code
         else:
             from core.loader_spec import exception_words  # a DataLoader worker's error keeps its cause
 
-            _error(a.result_dir, rank, f"rank {rank}: {exception_words(e)}", 1)
+            _error(result_dir, rank, f"rank {rank}: {exception_words(e)}", 1)
             code = 1
     finally:
         shutdown.run_cleanups()
@@ -312,6 +304,71 @@ def worker(argv: list[str] | None = None) -> int:
     if code:
         os._exit(code)  # without waiting for the other ranks: torchrun stops them
     return 0
+
+
+def _worker_config(argv: list[str] | None) -> tuple[str, BenchConfig]:
+    """The rank's result folder and the run's config, as the launcher wrote it."""
+    p = argparse.ArgumentParser(prog="python -m torch_trainer.run")
+    p.add_argument("--config", required=True)
+    p.add_argument("--result-dir", required=True)
+    a = p.parse_args(argv)
+    raw = json.load(open(a.config))
+    raw["shrunk"] = {k: tuple(v) for k, v in raw.get("shrunk", {}).items()}
+    return a.result_dir, BenchConfig(**{k: v for k, v in raw.items() if k in BenchConfig.__dataclass_fields__})
+
+
+def _join_group(dist):
+    """This rank's device, set up for training, and the process group joined (NCCL on GPUs, gloo on CPUs)."""
+    import torch
+
+    from torch_trainer.inputs.base import cpu_threads
+
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or cpu_threads(local_world)))
+    torch.manual_seed(0)
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    return device
+
+
+def _train_paths(cfg: BenchConfig, result_dir: str, device, dist, links: list[dict] | None) -> None:
+    """Every path of the config in turn, each rank's figures gathered; rank 0 writes result.json."""
+    import torch
+
+    from torch_trainer.inputs.base import RankContext
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    cuda = device.type == "cuda"
+    results: dict[str, dict] = {}
+    rank_dir = os.path.join(result_dir, f"r{rank}")
+    os.makedirs(rank_dir, exist_ok=True)
+    host = socket.gethostname()
+    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    for name in cfg.paths:
+        if rank == 0:
+            print(f"- {name} ...", flush=True)
+        t0 = time.perf_counter()
+        ctx = RankContext(rank, world, local_rank, device, rank_dir, result_dir)
+        figures = train_path(cfg, name, ctx)
+        figures.update(rank=rank, host=host, device=dev_name)
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, figures)
+        if rank == 0:
+            results[name] = combined(cfg, name, gathered)
+            r = results[name]
+            print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if rank == 0:
+        from core.atomic import atomic_write
+        from torch_trainer.plugin import describe_machine
+
+        doc = {"device": {**describe_machine(torch), **({"h2d_pinned_gbps": links} if links else {})},
+               "paths": results}  # fmt: skip
+        atomic_write(os.path.join(result_dir, "result.json"), json.dumps(doc))
 
 
 def host_to_device(device, rank: int, world: int, dist) -> list[dict] | None:
