@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from tensorpack.input_source import FeedfreeInput, InputSource, QueueInput, StagingInput
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from profiler.telemetry import staging_figures
 
-tf = tf()
+tf = import_tf()
 
 
 def stage_onto_devices(source: InputSource, stages: int = 1) -> InputSource:

@@ -3,7 +3,12 @@
 tensorpack uses the Keras 2 layers (tf_keras) and v1 graph-mode APIs, so
 TF_USE_LEGACY_KERAS must be set before TensorFlow is first imported and v2
 behaviour turned off before any graph is built. Every module that builds a
-graph imports TensorFlow through `tf()` so the order is always right.
+graph imports TensorFlow through `import_tf()` so the order is always right,
+with one idiom at the top of the module:
+
+    from frameworks.tf_env import import_tf
+
+    tf = import_tf()
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _tf: ModuleType | None = None
 
 
-def tf() -> ModuleType:
+def import_tf() -> ModuleType:
     """TensorFlow in v1-compatible graph mode (imported once, quietly)."""
     global _tf
     if _tf is None:

@@ -25,11 +25,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from consumers.expect import receive_cap  # noqa: E402
-from frameworks.tf_env import tf as _tf  # noqa: E402
+from frameworks.tf_env import import_tf  # noqa: E402
 from producers.commands import producer_argv as producer_command  # noqa: E402
 from runner.producer_group import ProducerGroup  # noqa: E402
 
-tf = _tf()
+tf = import_tf()
 
 
 def rss(procs: list[psutil.Process]) -> int:

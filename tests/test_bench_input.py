@@ -13,10 +13,10 @@ from tensorpack.callbacks import Callback
 
 from core import registry
 from core.config import BenchConfig, apply_defaults
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.run import InputError, run_path
 
-tf = tf()
+tf = import_tf()
 pytestmark = pytest.mark.timeout(300)
 PATHS = registry.default_run("tf")
 

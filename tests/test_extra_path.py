@@ -18,10 +18,10 @@ import pytest
 from tensorpack.input_source import InputSource, TensorInput
 
 from core.registry import register
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.inputs.base import TFInputPath, random_batch
 
-tf = tf()
+tf = import_tf()
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "constant-in-graph"
 

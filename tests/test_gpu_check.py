@@ -15,12 +15,12 @@ import pytest
 
 from benchmarks.gpu_check import ROOT, ratio_table
 from core import gpus
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tests.test_gpu_fallback import gpu_machine  # noqa: F401 (a fixture: nvidia-smi reporting two GPUs)
 from tf_trainer import devices
 from tf_trainer.gpu_check import check_path, moved_ops, placed_devices
 
-tf = tf()
+tf = import_tf()
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0():

@@ -17,11 +17,11 @@ import stat
 import pytest
 
 from core import gpus
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer import devices, kernels
 from tf_trainer.run import QUIET, warn_soft_placement
 
-tf = tf()
+tf = import_tf()
 
 SMI = """#!/bin/sh
 case "$1" in

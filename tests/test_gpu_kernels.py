@@ -16,11 +16,11 @@ import pytest
 
 from core import registry
 from core.config import BenchConfig, apply_defaults
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.kernels import gpu_device, missing_gpu_kernels, registry_has_gpu_kernels
 from tf_trainer.run import build
 
-tf = tf()
+tf = import_tf()
 registry.load("tf")
 
 if not registry_has_gpu_kernels():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from models.tf.input_only import InputOnlyModel, touch_every_byte
 
-tf = tf()
+tf = import_tf()
 
 
 @pytest.mark.parametrize("image_size", [32, 30])  # 32: whole 64-bit words per image; 30: the byte-wise fallback

@@ -11,11 +11,11 @@ from tensorpack.callbacks import Callback
 from tensorpack.dataflow import DataFromList
 from tensorpack.tfutils.tower import TowerContext
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from models.tf import LossScaleOptimizer, ResNet50Model, count_params, stride_layout
 from models.tf.model_desc import IMAGENET_MEAN, IMAGENET_STD
 
-tf = tf()
+tf = import_tf()
 v1 = tf.compat.v1
 
 RESNET50_PARAMS = 25_557_032

@@ -15,11 +15,11 @@ import pytest
 
 from core import registry
 from core.config import BenchConfig, apply_defaults
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.placement import TOWER_INPUTS, VARIABLE_OPS
 from tf_trainer.run import build
 
-tf = tf()
+tf = import_tf()
 registry.load("tf")
 
 PATHS = ["gpu", "cpu", "python-queue", "python-dataset", "zmq-consume"]

@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = """
 import os
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer import devices
 
-tf = tf()
+tf = import_tf()
 v1 = tf.compat.v1
 
 def compute_threads():

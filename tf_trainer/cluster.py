@@ -42,11 +42,11 @@ from tensorpack.train.trainers import (
 from tensorpack.utils.argtools import memoized
 
 from core.errors import ConfigError, FeedbenchError
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from runner import bind_host
 from runner.cluster_spec import ClusterConfig
 
-tf = tf()
+tf = import_tf()
 v1 = tf.compat.v1
 
 RESULTS_QUEUE = "feedbench_worker_results"

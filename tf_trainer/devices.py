@@ -5,7 +5,7 @@ from __future__ import annotations
 from core import gpus as nvidia
 from core.errors import ConfigError
 from core.machine import host_fields
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 
 # How to get the TensorFlow that can use this machine's GPUs (scripts/setup_env.sh, docs/gpu.md).
 TF_FIX = "run `make install`, which installs the `tensorflow` wheel with CUDA 12 (docs/gpu.md)"
@@ -13,7 +13,7 @@ TF_FIX = "run `make install`, which installs the `tensorflow` wheel with CUDA 12
 
 def cuda_build() -> str | None:
     """The CUDA version this TensorFlow was built with ("12.5.1"), None for tensorflow-cpu."""
-    t = tf()
+    t = import_tf()
     if not t.test.is_built_with_cuda():
         return None
     return str(t.sysconfig.get_build_info().get("cuda_version") or "12")
@@ -27,7 +27,7 @@ def gpu_count() -> int:
     that did not load) and the fix. CUDA_VISIBLE_DEVICES="" (or -1) hides the
     GPUs on purpose: the run says so and uses the CPU.
     """
-    n = len(tf().config.list_physical_devices("GPU"))
+    n = len(import_tf().config.list_physical_devices("GPU"))
     problem = nvidia.unseen_gpus("TensorFlow", n, cuda_build(), TF_FIX)
     if problem:
         raise ConfigError(problem)
@@ -38,7 +38,7 @@ def gpu_count() -> int:
 
 def describe() -> dict:
     """The machine a result was measured on, for the JSON report."""
-    t = tf()
+    t = import_tf()
     gpus = t.config.list_physical_devices("GPU")
     names = []
     for g in gpus:
@@ -56,7 +56,7 @@ def session_config(num_towers: int, has_gpu: bool):
     few threads as cores (2 here) two towers' unstage ops could hold every
     thread while the ops that would feed them wait, so leave room.
     """
-    t = tf()
+    t = import_tf()
     cfg = t.compat.v1.ConfigProto(allow_soft_placement=True)
     threads = max(8, 4 * num_towers)
     cfg.inter_op_parallelism_threads = threads
@@ -85,7 +85,7 @@ def map_towers_to_cpus(graph, num_towers: int) -> int:
     for op in graph.get_operations():
         dev = op.device
         if "GPU:" in dev.upper():
-            spec = tf().DeviceSpec.from_string(dev)
+            spec = import_tf().DeviceSpec.from_string(dev)
             if spec.device_type and spec.device_type.upper() == "GPU":
                 op._set_device(spec.replace(device_type="CPU", device_index=(spec.device_index or 0) % num_towers))
                 moved += 1

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 
 from consumers.expect import SAME_FLAGS, BatchSpec
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 
-tf = tf()
+tf = import_tf()
 
 CHECK = "expected_batch_"  # the shape checks' names, so a failing one is told from any other error
 _SHAPE = re.compile(r"Shape of tensor \S* ?(\[[\d,]*\]) is not compatible with expected shape")

@@ -28,11 +28,11 @@ import tempfile
 from core import registry
 from core.config import BenchConfig, apply_defaults
 from core.errors import FeedbenchError
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer import devices, kernels
 from tf_trainer.run import build
 
-tf = tf()
+tf = import_tf()
 
 UPDATES = [("replicated", "cpu"), ("parameter_server", "cpu"), ("parameter_server", "gpu")]
 # What the placer prints for each node with log_device_placement: "name: (Type): /job:.../device:GPU:0".

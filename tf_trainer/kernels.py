@@ -11,9 +11,9 @@ and `registry_has_gpu_kernels()` says so.
 
 from __future__ import annotations
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 
-tf = tf()
+tf = import_tf()
 
 
 def _lookup(node_def) -> str:

@@ -14,12 +14,12 @@ import time
 import numpy as np
 from tensorpack.callbacks import Callback
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from harness.schedule import Schedule
 from profiler.progress import RunProgress
 from profiler.summary import Summary
 
-tf = tf()
+tf = import_tf()
 
 
 COST_COLLECTION = "feedbench_cost"  # the first tower's loss, put there by tf_trainer.run

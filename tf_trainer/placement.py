@@ -23,9 +23,9 @@ from tensorpack.graph_builder.training import DataParallelBuilder, SyncMultiGPUP
 from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 from tensorpack.train.tower import SingleCostTrainer
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 
-tf = tf()
+tf = import_tf()
 
 TOWER_INPUTS = "feedbench_tower_inputs"  # graph collection: the batch each tower's model reads, tower by tower
 

@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from core.config import BenchConfig
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from harness.run import each_path, prepare
 from tf_trainer import devices
 
@@ -25,7 +25,7 @@ class TFTrainer:
     framework = "tf"
 
     def __init__(self) -> None:
-        self.words = f"TensorFlow {tf().__version__}"
+        self.words = f"TensorFlow {import_tf().__version__}"
         self.has_gpu = False
 
     def gpu_count(self) -> int:

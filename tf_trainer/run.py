@@ -25,7 +25,7 @@ from consumers.expect import receive_cap
 from core import registry
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from harness.schedule import PROFILED_STEPS, Schedule
 from models.tf.input_only import InputOnlyModel
 from profiler.progress import RunProgress
@@ -40,7 +40,7 @@ from tf_trainer.telemetry import CpuUse, Telemetry
 from tf_trainer.tracing import ProfileSteps
 from wire.endpoints import release
 
-tf = tf()
+tf = import_tf()
 
 
 class _Quiet(logging.Filter):

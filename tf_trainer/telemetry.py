@@ -27,11 +27,11 @@ from collections import deque
 
 from tensorpack.callbacks import Callback
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from harness.schedule import Schedule
 from profiler.telemetry import exposed_input_us, input_wait_figures, wire_figures
 
-tf = tf()
+tf = import_tf()
 
 # The stage names of the telemetry block, present (maybe None) in every result.
 STAGES = ("queue", "staging", "wire", "producers")

@@ -20,9 +20,9 @@ import os
 
 from tensorpack.callbacks import Callback
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 
-tf = tf()
+tf = import_tf()
 
 
 class ProfileSteps(Callback):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from models.tf.model_desc import LossScaleOptimizer, ResNet50Model
 from models.tf.resnet import ResNet50
 
-tf = tf()
+tf = import_tf()
 
 __all__ = ["LossScaleOptimizer", "ResNet50", "ResNet50Model", "count_params", "stride_layout"]
 

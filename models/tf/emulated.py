@@ -8,10 +8,10 @@ makes the optimizer and the variable update run as for a real model.
 
 from __future__ import annotations
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from models.tf.input_only import InputOnlyModel
 
-tf = tf()
+tf = import_tf()
 
 _ops = None
 # Share of a step's period of host work between two steps that the device hides, as a GPU's

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from tensorpack import ModelDesc
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 
-tf = tf()
+tf = import_tf()
 
 
 def touch_every_byte(images, bytes_per_image: int):

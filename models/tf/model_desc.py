@@ -12,10 +12,10 @@ from tensorpack.tfutils.optimizer import ProxyOptimizer
 from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from models.tf.resnet import DATA_FORMATS, VERSIONS, ResNet50
 
-tf = tf()
+tf = import_tf()
 v1 = tf.compat.v1
 
 # ImageNet channel statistics, in the 0-255 pixel scale (RGB).

@@ -34,9 +34,9 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 
-tf = tf()
+tf = import_tf()
 v1 = tf.compat.v1
 
 VERSIONS = ("1", "1.5")

@@ -9,10 +9,10 @@ from tensorpack.input_source import InputSource, TensorInput
 
 from consumers.cpu.path import PATH
 from core.registry import register
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.inputs.base import NUM_CLASSES, TFInputPath
 
-tf = tf()
+tf = import_tf()
 
 
 @register

@@ -20,11 +20,11 @@ from consumers.dali.path import PATH
 from core.errors import ConfigError
 from core.registry import register
 from feeders.tf import Staging
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.inputs.base import TFInputPath
 from tf_trainer.placement import tower_device
 
-tf = tf()
+tf = import_tf()
 
 INSTALL_HINT = (
     "pip install -e '.[dali]' (nvidia-dali-cuda120 and nvidia-dali-tf-plugin-cuda120, built with --no-build-isolation)"

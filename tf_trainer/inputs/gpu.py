@@ -21,11 +21,11 @@ from tensorpack.tfutils.tower import get_current_tower_context
 
 from consumers.gpu.path import PATH
 from core.registry import register
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.inputs.base import TFInputPath, random_batch
 from tf_trainer.placement import tower_device
 
-tf = tf()
+tf = import_tf()
 
 WORD_BYTES = 4  # pixels are held as uint32: one word per four uint8 pixels
 

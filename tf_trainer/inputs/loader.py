@@ -15,10 +15,10 @@ from tensorpack.input_source import InputSource, TFDatasetInput
 from consumers.loader.path import PATH
 from core.loader_spec import LoaderError, LoaderSpec, batches, kind_of
 from core.registry import register
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.inputs.base import TFInputPath
 
-tf = tf()
+tf = import_tf()
 
 PREFETCH = 2
 

@@ -7,10 +7,10 @@ from tensorpack.input_source import InputSource, TFDatasetInput
 
 from consumers.python_dataset.path import PATH
 from core.registry import register
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.inputs.pull import PythonPull
 
-tf = tf()
+tf = import_tf()
 
 PREFETCH = 2
 

@@ -10,11 +10,11 @@ from tensorpack.input_source import InputSource, QueueInput
 
 from consumers.python_queue.path import PATH
 from core.registry import register
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from profiler.telemetry import queue_figures
 from tf_trainer.inputs.pull import PythonPull
 
-tf = tf()
+tf = import_tf()
 
 CAPACITY = 8
 

@@ -17,11 +17,11 @@ from tensorpack.input_source import InputSource, TensorInput, ZMQInput
 from consumers.accounting import native_rows
 from consumers.zmq_consume.path import PATH
 from core.registry import register
-from frameworks.tf_env import tf
+from frameworks.tf_env import import_tf
 from tf_trainer.expected import ensure_batch
 from tf_trainer.inputs.base import TFInputPath
 
-tf = tf()
+tf = import_tf()
 
 
 class PullInput(ZMQInput):
