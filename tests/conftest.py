@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,6 +121,38 @@ def _mine(pid: int) -> bool:
         return True
 
 
+def private_dir() -> Path:
+    """/tmp/feedbench-<uid>, created 0700; refused if another user owns it or others can enter."""
+    from wire.shm import ShmError
+
+    d = Path(f"/tmp/feedbench-{os.getuid()}")
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = d.lstat()
+    if not d.is_dir() or d.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ShmError(f"{d} must be a folder of yours that only you can enter (mode 0700)")
+    return d
+
+
+def regions_held_by(pid: int) -> list[str]:
+    """Names of the regions process `pid` holds open or mapped (from /proc; [] once it has exited)."""
+    names: set[str] = set()
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(fd.path)
+            except OSError:
+                continue
+            m = re.fullmatch(r"/memfd:(fb-[0-9]+-[0-9a-f]{32}) \(deleted\)", target)
+            if m:
+                names.add("/" + m.group(1))
+    except OSError:
+        return []
+    return sorted(names)
+
+
 class ShmLeaks:
     """Regions and socket files that appeared since `snapshot` and that nobody else can still be using.
 
@@ -138,12 +171,12 @@ class ShmLeaks:
         return {p.name for p in self._shm.SHM_DIR.glob("fb-*")}
 
     def _sockets(self) -> set[str]:
-        return {p.name for p in self._shm.private_dir().glob("*.sock")}
+        return {p.name for p in private_dir().glob("*.sock")}
 
     def left(self) -> tuple[set[str], set[str]]:
         regions = {r for r in self._regions() - self.before_regions if _mine(int(r.split("-")[1]))}
         live = _listening_unix_paths()
-        folder = self._shm.private_dir()
+        folder = private_dir()
         sockets = {s for s in self._sockets() - self.before_sockets if s in self.names or str(folder / s) not in live}
         return regions, sockets
 

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from consumers.accounting import SeqTracker
-from zmq_ops.receiver import seq_replay
+from zmq_ops.receiver import library
 
 CASES = json.loads((Path(__file__).resolve().parent.parent / "wire" / "seq_vectors.json").read_text())["cases"]
+
+
+def seq_replay(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, int, int]]:
+    """The native core's accounting over (producer_id, seq) pairs (fb_seq_replay): rows as in Receiver.producers()."""
+    lib = library()
+    lib.fb_seq_replay.restype = ctypes.c_int
+    lib.fb_seq_replay.argtypes = [
+        ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+    ]  # fmt: skip
+    n = len(pairs)
+    ids = (ctypes.c_uint32 * max(1, n))(*[p for p, _ in pairs])
+    seqs = (ctypes.c_uint64 * max(1, n))(*[s for _, s in pairs])
+    cap = max(1, len({p for p, _ in pairs}))
+    rows = (ctypes.c_int64 * (5 * cap))()
+    got = lib.fb_seq_replay(ids, seqs, n, rows, cap)
+    return [tuple(rows[5 * r : 5 * r + 5]) for r in range(got)]
 
 
 def python_rows(events: list[list[int]]) -> list[list[int]]:

@@ -24,7 +24,7 @@ import numpy as np
 import psutil
 import pytest
 import zmq
-from conftest import ShmLeaks, descendants
+from conftest import ShmLeaks, descendants, private_dir, regions_held_by
 
 from consumers.zmq_pull import PullConsumer
 from producers.synthetic import SyntheticSource
@@ -48,7 +48,7 @@ def sockets() -> set[str]:
         path = line.split()[-1] if len(line.split()) >= 8 else ""
         if path.startswith(prefix) and path.endswith(".sock"):
             bound.add(path[len(prefix) :])
-    return bound | {p.name for p in shm.private_dir().glob("*.sock")}
+    return bound | {p.name for p in private_dir().glob("*.sock")}
 
 
 def handover_sockets() -> set[str]:
@@ -132,7 +132,7 @@ def test_regions_are_anonymous_sealed_and_unguessable() -> None:
     r = shm.Region(2, 4096)
     try:
         assert not (shm.SHM_DIR / r.name[1:]).exists()
-        assert r.name in shm.regions_held_by(os.getpid())
+        assert r.name in regions_held_by(os.getpid())
         assert fcntl.fcntl(r._fd, fcntl.F_GET_SEALS) & shm.SEALS == shm.SEALS
         with pytest.raises(OSError):
             os.ftruncate(r._fd, 4096)
@@ -142,7 +142,7 @@ def test_regions_are_anonymous_sealed_and_unguessable() -> None:
         assert other.name != r.name
     finally:
         r.close()
-    assert r.name not in shm.regions_held_by(os.getpid())
+    assert r.name not in regions_held_by(os.getpid())
 
 
 def test_bad_shm_names_are_one_line(procs) -> None:
@@ -215,13 +215,13 @@ def test_signals_remove_the_regions_whether_or_not_a_consumer_mapped_them(procs,
     p = procs.producer(ep, *SMALL, "--workers", "2")
     deadline = time.monotonic() + 30
     pids = {w.pid for w in descendants(p.pid)}
-    while not any(shm.regions_held_by(pid) for pid in pids) and time.monotonic() < deadline:
+    while not any(regions_held_by(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
         pids = {w.pid for w in descendants(p.pid)}
-    assert any(shm.regions_held_by(pid) for pid in pids), "the producer made no region"
+    assert any(regions_held_by(pid) for pid in pids), "the producer made no region"
     os.killpg(p.pid, sig) if sig == signal.SIGINT else p.send_signal(sig)
     assert p.wait(30) == 0
-    assert not any(shm.regions_held_by(pid) for pid in pids)
+    assert not any(regions_held_by(pid) for pid in pids)
 
 
 @pytest.mark.timeout(120)
@@ -229,14 +229,14 @@ def test_a_worker_killed_before_any_consumer_mapped_its_region_is_cleaned_up_by_
     p = procs.producer(ep, *SMALL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        workers = [w for w in descendants(p.pid) if shm.regions_held_by(w.pid)]
+        workers = [w for w in descendants(p.pid) if regions_held_by(w.pid)]
         if workers:
             break
         time.sleep(0.05)
     (worker,) = workers
     worker.send_signal(signal.SIGKILL)
     assert p.wait(30) != 0
-    assert not shm.regions_held_by(worker.pid)
+    assert not regions_held_by(worker.pid)
 
 
 @pytest.mark.timeout(180)
@@ -245,7 +245,7 @@ def test_sigkill_of_every_process_leaves_nothing_in_dev_shm_or_the_socket_folder
     """Producers (launcher and workers) and the consumer all killed at once, before or after it mapped the regions."""
     name = f"t-{uuid.uuid4().hex[:12]}"
     ep = f"shm://{name}"
-    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(shm.private_dir()))
+    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(private_dir()))
     family: list[psutil.Process] = []
     if consumer:
         code = textwrap.dedent(f"""
@@ -266,7 +266,7 @@ def test_sigkill_of_every_process_leaves_nothing_in_dev_shm_or_the_socket_folder
     deadline = time.monotonic() + 60
     workers: list[psutil.Process] = []
     while time.monotonic() < deadline and len(workers) < 2:
-        workers = [w for w in descendants(p.pid) if shm.regions_held_by(w.pid)]
+        workers = [w for w in descendants(p.pid) if regions_held_by(w.pid)]
         time.sleep(0.05)
     assert len(workers) == 2, "the producer's workers made no regions"
     family += [psutil.Process(p.pid), *descendants(p.pid)]
@@ -274,7 +274,7 @@ def test_sigkill_of_every_process_leaves_nothing_in_dev_shm_or_the_socket_folder
         q.kill()
     assert not psutil.wait_procs(family, timeout=30)[1]
     assert set(os.listdir(shm.SHM_DIR)) - shm_before == set()
-    assert set(os.listdir(shm.private_dir())) - folder_before == set()
+    assert set(os.listdir(private_dir())) - folder_before == set()
     deadline = time.monotonic() + 10  # the kernel drops a dead process's sockets as it reaps it
     while time.monotonic() < deadline and (f"{name}.sock" in sockets() or f"{name}.fd" in handover_sockets()):
         time.sleep(0.1)
@@ -707,27 +707,27 @@ def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig)
     assert not run_dir.exists(), list(run_dir.iterdir())
     assert not set(ours) & sockets(), "the run's socket file is left"
     assert not psutil.wait_procs(family[1:], timeout=30)[1], "producers outlived the run"
-    assert not any(shm.regions_held_by(q.pid) for q in family)
+    assert not any(regions_held_by(q.pid) for q in family)
 
 
 @pytest.mark.timeout(300)
 def test_a_whole_shm_run_killed_by_sigkill_leaves_nothing_in_dev_shm_or_the_socket_folder(procs, ipc_dir) -> None:
     """`--transport shm`, the trainer and every producer process SIGKILLed at once, regions mapped and in use."""
-    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(shm.private_dir()))
+    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(private_dir()))
     p, _, ours = start_endless_shm_run(procs, Path(ipc_dir), "zmq-consume")
     deadline = time.monotonic() + 240  # the producers' stats come first; their workers map regions after
     family: list[psutil.Process] = []
     while p.poll() is None and time.monotonic() < deadline:
         family = [psutil.Process(p.pid), *descendants(p.pid)]
-        if any(shm.regions_held_by(q.pid) for q in family):
+        if any(regions_held_by(q.pid) for q in family):
             break
         time.sleep(0.1)
-    assert any(shm.regions_held_by(q.pid) for q in family), "no process of the run came to hold a region"
+    assert any(regions_held_by(q.pid) for q in family), "no process of the run came to hold a region"
     for q in family:
         q.kill()
     assert not psutil.wait_procs(family, timeout=30)[1]
     assert set(os.listdir(shm.SHM_DIR)) - shm_before == set()
-    assert set(os.listdir(shm.private_dir())) - folder_before == set()
+    assert set(os.listdir(private_dir())) - folder_before == set()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and set(ours) & sockets():
         time.sleep(0.1)
@@ -741,11 +741,11 @@ def test_a_worker_killed_is_reported_at_once_and_its_region_removed(procs, ep) -
     deadline = time.monotonic() + 60
     workers: list[psutil.Process] = []
     while time.monotonic() < deadline and len(workers) < 2:  # both have made their region (no consumer yet)
-        workers = [w for w in descendants(p.pid) if shm.regions_held_by(w.pid)]
+        workers = [w for w in descendants(p.pid) if regions_held_by(w.pid)]
         time.sleep(0.05)
     victim = min(workers, key=lambda w: w.create_time())
     victim.send_signal(signal.SIGKILL)
     assert p.wait(30) == 1
     lines = [ln for ln in p.stderr.read().splitlines() if ln.startswith("error")]
     assert len(lines) == 1 and re.fullmatch(r"error: producer worker [01]: killed by SIGKILL", lines[0]), lines
-    assert not any(shm.regions_held_by(w.pid) for w in workers)
+    assert not any(regions_held_by(w.pid) for w in workers)

@@ -83,19 +83,6 @@ def is_shm(endpoint: str) -> bool:
     return isinstance(endpoint, str) and endpoint.startswith(SCHEME)
 
 
-def private_dir() -> Path:
-    """/tmp/feedbench-<uid>, created 0700; refused if another user owns it or others can enter."""
-    d = Path(f"/tmp/feedbench-{os.getuid()}")
-    try:
-        d.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    st = d.lstat()
-    if not d.is_dir() or d.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ShmError(f"{d} must be a folder of yours that only you can enter (mode 0700)")
-    return d
-
-
 def check_name(endpoint: str) -> str:
     name = endpoint[len(SCHEME) :]
     if not _NAME.fullmatch(name) or name in (".", ".."):
@@ -155,23 +142,6 @@ def layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
         offsets.append(at)
         at = _round(at + a.nbytes, ALIGN)
     return offsets, _round(max(at, 1), PAGE)
-
-
-def regions_held_by(pid: int) -> list[str]:
-    """Names of the regions process `pid` holds open or mapped (from /proc; [] once it has exited)."""
-    names: set[str] = set()
-    try:
-        for fd in os.scandir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(fd.path)
-            except OSError:
-                continue
-            m = re.fullmatch(r"/memfd:(fb-[0-9]+-[0-9a-f]{32}) \(deleted\)", target)
-            if m:
-                names.add("/" + m.group(1))
-    except OSError:
-        return []
-    return sorted(names)
 
 
 class Region:

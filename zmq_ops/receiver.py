@@ -85,10 +85,6 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.fb_receiver_stats.argtypes = [c_p, ctypes.POINTER(c_i64), c_int, ctypes.POINTER(c_i64)]
     lib.fb_receiver_stop.argtypes = [c_p]
     lib.fb_receiver_close.argtypes = [c_p]
-    lib.fb_seq_replay.restype = c_int
-    lib.fb_seq_replay.argtypes = [
-        ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64), c_i64, ctypes.POINTER(c_i64), c_int
-    ]  # fmt: skip
     return lib
 
 
@@ -318,14 +314,3 @@ class Receiver:
     def __del__(self) -> None:
         if getattr(self, "_handle", None):
             self.close()
-
-
-def seq_replay(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, int, int]]:
-    """The native core's accounting over (producer_id, seq) pairs: rows as in Receiver.producers()."""
-    n = len(pairs)
-    ids = (ctypes.c_uint32 * max(1, n))(*[p for p, _ in pairs])
-    seqs = (ctypes.c_uint64 * max(1, n))(*[s for _, s in pairs])
-    cap = max(1, len({p for p, _ in pairs}))
-    rows = (ctypes.c_int64 * (5 * cap))()
-    got = library().fb_seq_replay(ids, seqs, n, rows, cap)
-    return [tuple(rows[5 * r : 5 * r + 5]) for r in range(got)]
