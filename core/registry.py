@@ -46,8 +46,8 @@ IDENTITY = (
 class Declaration:
     """One input path as both frameworks know it, declared once in `consumers/<path>/path.py`.
 
-    Each framework's half (`consumers/<path>/tf.py`, `torch.py`) names it as
-    its `declaration` and takes every field from it, so the CLI's choices and
+    Each framework's half (`tf_trainer/inputs/<path>.py`, `torch_trainer/inputs/<path>.py`) names it
+    as its `declaration` and takes every field from it, so the CLI's choices and
     help, the report and the verdict's advice read one place. `validate` holds
     the flag checks both halves share; a half adds only what its framework needs.
     """
