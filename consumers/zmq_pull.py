@@ -21,8 +21,8 @@ from wire import curve, message, shm
 from wire.endpoints import EndpointError, attach, release
 
 
-def io_threads() -> int:
-    """ZMQ I/O threads for a consumer's context: one per 4 cores this process may use, 1 to 4.
+def io_threads(cores: int | None = None) -> int:
+    """ZMQ I/O threads for a consumer's context: one per 4 cores (default: those this process may use), 1 to 4.
 
     One I/O thread reads about 2 GB/s of large messages, under what eight producers send on a 16-core
     machine; each producer's connection is served by one of them, so several read several producers at
@@ -31,7 +31,7 @@ def io_threads() -> int:
     given = os.environ.get("FEEDBENCH_ZMQ_IO_THREADS", "")
     if given.isdigit() and int(given) >= 1:
         return int(given)
-    return min(4, max(1, len(os.sched_getaffinity(0)) // 4))
+    return min(4, max(1, (cores or len(os.sched_getaffinity(0))) // 4))
 
 
 class ReceiveTimeout(TimeoutError):

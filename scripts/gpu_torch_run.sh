@@ -75,7 +75,8 @@ step check 100 "$PY" -m torch_trainer.gpu_check "${CHECK[@]}" \
     --paths gpu,cpu,python-queue,python-dataset,zmq-consume,zmq-consume-shm --json "$OUT/check.json"
 step capacity 400 "$PY" bench_input.py "${CAPACITY[@]}" --json "$OUT/capacity.json"
 
-echo "== left behind: $(ls /dev/shm | wc -l) entries in /dev/shm; python processes: $(pgrep -c -f 'producers|torch_trainer' || true)" \
-    | tee -a "$LOG"
+# What a run may leave: shared memory, and producer or rank processes (python -m producers / torch_trainer.run).
+left=$(pgrep -c -f "^[^ ]*python[0-9.]* -m (producers|torch_trainer)" || true)
+echo "== left behind: $(ls /dev/shm | wc -l) entries in /dev/shm; producer or rank processes: $left" | tee -a "$LOG"
 tar -C "$OUT" -czf "$OUT/results.tar.gz" --exclude results.tar.gz . 2>/dev/null
 exit 0
