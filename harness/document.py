@@ -65,15 +65,17 @@ def sweep_document(plugin: Trainer, grid: dict, runs: list[dict], started: float
     }
 
 
-def write_out(out: str, framework: str, doc: dict, cfg: BenchConfig | None) -> list[str]:
+def write_out(
+    out: str, framework: str, doc: dict, cfg: BenchConfig | None, extra: dict[str, str | bytes] | None = None
+) -> list[str]:
     """--out: results.{json,csv,md,png}, all of them or none; an earlier set there is kept (profiler/earlier.py).
 
     A capacity run's results.png is the capacity chart: the paths ranked by their capacity, as its table and
-    results.md rank them, not by the first probe's images/s.
+    results.md rank them, not by the first probe's images/s. `extra`: more files of the run (its timeline).
     """
     from profiler.sweep import write_results
 
-    extra = {}
+    extra = dict(extra or {})
     if cfg is not None and cfg.find_capacity:
         from profiler.plot import capacity_png
 

@@ -9,6 +9,7 @@ for TensorFlow and PyTorch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -18,6 +19,8 @@ from dataclasses import replace
 from core.config import BASELINE, BenchConfig, apply_defaults
 from core.errors import ConfigError
 from harness.plugin import Trainer
+from profiler.timeline import Timeline, take_clocks
+from profiler.timeline import out_files as timeline_files
 
 MEMORY_SHARE = 16  # a run keeps about this many batches in memory (queues, staging, producer pools)
 
@@ -69,10 +72,12 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
         return sweep(plugin, base, grid, gpus, out or "results")
     for note in prepare(plugin, cfg, gpus):
         print(f"note: {note}")
-    started, results = run_paths(plugin, cfg, gpus, batch_given=base.batch is not None)
+    timeline = Timeline("trainer") if out else None  # timeline.{json,png} beside the results (docs/results.md)
+    with timeline or contextlib.nullcontext():
+        started, results = run_paths(plugin, cfg, gpus, batch_given=base.batch is not None, timeline=timeline)
     if results is None:
         return 0  # another node of the run writes the report
-    report(plugin, cfg, results, out, started, gpus, bench=bench)
+    report(plugin, cfg, results, out, started, gpus, bench=bench, timeline=timeline)
     code = _failed(results)
     if bench and not gpus:
         # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
@@ -108,10 +113,13 @@ def _failed(results: dict[str, dict]) -> int:
     return 2 if lines else 0
 
 
-def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -> tuple[float, dict[str, dict] | None]:
+def run_paths(
+    plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool, timeline: Timeline | None = None
+) -> tuple[float, dict[str, dict] | None]:
     """(start time, {path: result}): every chosen path in turn, or with --find-capacity each path's capacity.
 
     `batch_given`: --batch was on the command line (a capacity probe keeps it; otherwise it follows the rate).
+    `timeline`: gets each path's step clock (its delivered images/s and timed windows).
     """
     from core.registry import batch_maker_line
 
@@ -123,7 +131,7 @@ def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -
             print(words, flush=True)
         started = time.time()
         results, _ = find_capacities(
-            cfg, lambda c, path: one_path(plugin, c, path), batch_given, confirm=cfg.capacity_tries
+            cfg, lambda c, path: one_path(plugin, c, path, timeline), batch_given, confirm=cfg.capacity_tries
         )
         return started, results
     print(plugin.header(cfg, model_words(cfg), gpus), flush=True)
@@ -132,21 +140,30 @@ def run_paths(plugin: Trainer, cfg: BenchConfig, gpus: int, batch_given: bool) -
     if "dali" in cfg.paths or cfg.producer_kind == "dali":
         print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
     started = time.time()
-    results = plugin.run(cfg)
+    results = train(plugin, cfg, timeline)
     if results is not None and cfg.interleave:
         from harness.interleave import alternate
 
         for path in cfg.paths:
             if path != BASELINE:
                 print(f"- {path}: {cfg.interleave} pairs of runs alternating with the baseline ...", flush=True)
-                results[path]["interleaved"] = alternate(lambda c, p: one_path(plugin, c, p), cfg, path, cfg.interleave)
+                results[path]["interleaved"] = alternate(
+                    lambda c, p: one_path(plugin, c, p, timeline), cfg, path, cfg.interleave
+                )
                 print(f"  median paired ratio {results[path]['interleaved']['ratio']:.3f}", flush=True)
     return started, results
 
 
-def one_path(plugin: Trainer, cfg: BenchConfig, path: str) -> dict:
+def train(plugin: Trainer, cfg: BenchConfig, timeline: Timeline | None = None) -> dict[str, dict] | None:
+    """`plugin.run(cfg)`, each path's step clock moved out of its result into `timeline` (or dropped)."""
+    results = plugin.run(cfg)
+    take_clocks(results, timeline)
+    return results
+
+
+def one_path(plugin: Trainer, cfg: BenchConfig, path: str, timeline: Timeline | None = None) -> dict:
     """One path's result, run on its own (a capacity probe), without the per-path progress lines."""
-    results = plugin.run(replace(cfg, paths=[path], quiet=True))
+    results = train(plugin, replace(cfg, paths=[path], quiet=True), timeline)
     if results is None:
         raise ConfigError("a capacity probe ran on several machines (core/registry.py LIMITS refuses that)")
     return results[path]
@@ -173,10 +190,12 @@ def report(
     started: float,
     gpus: int,
     bench: bool = False,
+    timeline: Timeline | None = None,
 ) -> None:
     """The tables, the verdicts, and the files asked for (--out, --json): the same for every framework.
 
     `bench`: `make bench`'s first half, which an emulated capacity table follows on a machine without a GPU.
+    `timeline`: the run's samples, written as timeline.{json,png} with --out's other files.
     """
     from harness import document
     from profiler import report as tables
@@ -206,8 +225,9 @@ def report(
         print(plugin.how_to_open(cfg.profile_dir))
     doc = document.run_document(plugin, cfg, results, started)
     if out:
+        extra = timeline_files(timeline.document()) if timeline is not None else None
         files = document.write_out(
-            out, plugin.framework, {**doc, "rows": rows_of([{"config": doc["config"], "paths": results}])}, cfg
+            out, plugin.framework, {**doc, "rows": rows_of([{"config": doc["config"], "paths": results}])}, cfg, extra
         )
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     if cfg.json_path:
@@ -241,7 +261,7 @@ def sweep(plugin: Trainer, base: BenchConfig, grid: dict, gpus: int, out: str) -
                 f"XLA {'on' if cfg.use_xla_compile else 'off'}"
             )
             print(f"[{i}/{len(configs)}] {point}: {plugin.header(cfg, model_words(cfg), gpus)}", flush=True)
-            results = plugin.run(cfg)
+            results = train(plugin, cfg)
             bar.update(1)
             if results is None:
                 continue  # another node writes the report

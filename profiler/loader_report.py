@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from tabulate import tabulate
 
-from core.atomic import atomic_write
+from core.atomic import atomic_write, write_all
 from profiler.earlier import write_keeping_earlier
 
 
@@ -124,18 +124,16 @@ def write_json(path: str, doc: dict) -> None:
     atomic_write(path, json.dumps(doc, indent=2))
 
 
-def write_files(out: str, doc: dict) -> list[str]:
-    """loader.json and loader.png in `out` (an earlier pair there is kept: profiler/earlier.py)."""
+def write_files(out: str, doc: dict, extra: dict[str, str | bytes] | None = None) -> list[str]:
+    """loader.json and loader.png (and `extra`: the timeline) in `out`, all or none; an earlier set there is
+    kept (profiler/earlier.py)."""
     os.makedirs(out, exist_ok=True)
-    files = [os.path.join(out, "loader.json"), os.path.join(out, "loader.png")]
-    png = plot_png(doc)
-
-    def write() -> list[str]:
-        write_json(files[0], doc)
-        atomic_write(files[1], png)
-        return files
-
-    return write_keeping_earlier(out, ["loader.json", "loader.png"], write)
+    files = {"loader.json": json.dumps(doc, indent=2), "loader.png": plot_png(doc), **(extra or {})}
+    return write_keeping_earlier(
+        out,
+        list(files),
+        lambda: write_all({os.path.join(out, n): data for n, data in files.items()}, what=f"--out {out}"),
+    )
 
 
 def plot_png(doc: dict) -> bytes:

@@ -121,8 +121,17 @@ def write_json(path: str, doc: dict) -> None:
     atomic_write(path, json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2), what=f"--json {path}")
 
 
-# What --out writes: the sweep's set (profiler/sweep.py) and, with --find-capacity, the capacity plot.
-OUT_FILES = ("results.json", "results.csv", "results.md", "results.png", "capacity.png")
+# What --out writes: the sweep's set (profiler/sweep.py), with --find-capacity the capacity plot, and a run's
+# timeline (profiler/timeline.py).
+OUT_FILES = (
+    "results.json",
+    "results.csv",
+    "results.md",
+    "results.png",
+    "capacity.png",
+    "timeline.json",
+    "timeline.png",
+)
 
 
 def check_output_places(json_path: str | None, out_dir: str | None) -> None:

@@ -30,11 +30,14 @@ from producers import parent
 from producers.launcher import stop_workers
 from producers.loader import worker_seed
 from profiler.cpu import tree_cpu_seconds
+from profiler.timeline import Timeline
+from profiler.timeline import out_files as timeline_files
 from runner import shutdown
 
-# Per worker, in shared memory: batches so far, images in the window, window start, last batch end.
-_FIELDS = 4
+# Per worker, in shared memory: batches so far, images in the window, window start, last batch end, images so far.
+_FIELDS = 5
 WARMUP_BATCHES = 2
+LOADER_STAGE = "loader"  # the timeline's stage: the loader's workers and their own processes
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Conne
         for images, _labels in it:
             now = time.perf_counter()
             shared[base] += 1
+            shared[base + 4] += len(images)  # for the timeline's images/s, outside the window too
             if started:
                 shared[base + 1] += len(images)
                 shared[base + 3] = now
@@ -99,11 +103,16 @@ def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Conne
     os._exit(0)  # nothing left to finalise; a hung loader's thread must not hold the exit
 
 
-def measure(opts: Options, workers: int) -> dict:
-    """One point: `workers` copies of the loader; images/s in total and per worker, and CPU cores used."""
+def measure(opts: Options, workers: int, timeline: Timeline | None = None) -> dict:
+    """One point: `workers` copies of the loader; images/s in total and per worker, and CPU cores used.
+
+    `timeline`: counts the point's images (after the earlier points') and gets its window.
+    """
     spawn = mp.get_context("spawn")
     shutdown.start_resource_tracker()
     shared = spawn.RawArray("d", workers * _FIELDS)
+    if timeline is not None:
+        _count_into(timeline, shared, workers)
     go, stop = spawn.RawValue("b", 0), spawn.RawValue("b", 0)
     procs, readers = [], []
 
@@ -145,11 +154,20 @@ def measure(opts: Options, workers: int) -> dict:
         )  # fmt: skip
         stop.value = 1
         wall = time.perf_counter() - t0
+        if timeline is not None:
+            timeline.add_window(f"{workers} worker(s)", t0, t0 + wall)
         cpu1 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
         return _point(shared, workers, wall, cpu0, cpu1)
     finally:
         shutdown.unregister(stop_all)
         stop_workers(procs, readers, stop)
+
+
+def _count_into(timeline: Timeline, shared, workers: int) -> None:
+    """The timeline's loader counter: images of the earlier points, then this point's workers' so far."""
+    before = timeline.counters.get(LOADER_STAGE)
+    done = before() if before else 0.0
+    timeline.counters[LOADER_STAGE] = lambda: done + sum(shared[i * _FIELDS + 4] for i in range(workers))
 
 
 def _check_workers(opts: Options, procs: list, readers: list[Connection]) -> None:
@@ -220,11 +238,11 @@ def private_tmpdir() -> Iterator[str]:
         remove()
 
 
-def sweep(opts: Options, counts: list[int], progress=None) -> list[dict]:
+def sweep(opts: Options, counts: list[int], progress=None, timeline: Timeline | None = None) -> list[dict]:
     """Every point in turn, with scaling efficiency against one worker."""
     rows: list[dict] = []
     for n in counts:
-        row = measure(opts, n)
+        row = measure(opts, n, timeline)
         one = rows[0]["images_per_sec"] if rows else row["images_per_sec"] / n
         row["scaling_efficiency"] = row["images_per_sec"] / (n * one) if one > 0 else 0.0
         rows.append(row)
@@ -256,18 +274,9 @@ def main(args) -> int:
         f"{opts.seconds:g} s each after {opts.warmup_batches} warm-up batches",
         flush=True,
     )
-    with private_tmpdir():
-        rows = sweep(
-            opts, counts, lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True)
-        )
-    stages = None
-    if not args.no_stages:
-        from core.loader_stages import profile
-
-        try:
-            stages = profile(spec, seed=0, timeout=opts.timeout)
-        except LoaderError as e:  # the sweep's figures stand; the table says why there are no stages
-            stages = {"loader": spec.name, "stages": [], "note": f"per-stage timing stopped: {e}"}
+    timeline = Timeline(LOADER_STAGE) if args.out else None  # timeline.{json,png} beside loader.*
+    with timeline or contextlib.nullcontext():
+        rows, stages = _measure_all(args, spec, opts, counts, timeline)
     doc = loader_report.document(spec.name, rows, demand, stages, os.cpu_count() or 1)
     print()
     print(loader_report.text(doc))
@@ -276,8 +285,27 @@ def main(args) -> int:
         loader_report.write_json(args.json_path, doc)
         files.append(args.json_path)
     if args.out:
-        files += loader_report.write_files(args.out, doc)
+        files += loader_report.write_files(args.out, doc, timeline_files(timeline.document()))
     if files:
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     sys.stdout.flush()
     return 0
+
+
+def _measure_all(args, spec: LoaderSpec, opts: Options, counts: list[int], timeline: Timeline | None):
+    """(the sweep's rows, the per-stage timing or None): everything --loader-only measures."""
+    with private_tmpdir():
+        rows = sweep(
+            opts, counts,
+            lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True),
+            timeline,
+        )  # fmt: skip
+    stages = None
+    if not args.no_stages:
+        from core.loader_stages import profile
+
+        try:
+            stages = profile(spec, seed=0, timeout=opts.timeout)
+        except LoaderError as e:  # the sweep's figures stand; the table says why there are no stages
+            stages = {"loader": spec.name, "stages": [], "note": f"per-stage timing stopped: {e}"}
+    return rows, stages

@@ -126,5 +126,12 @@ def test_capacity_results_are_written_whole_and_an_earlier_set_is_kept(bad, tmp_
     assert not (out / "capacity.png").exists()  # results.png is the capacity chart
     (kept,) = (out / "earlier").iterdir()
     assert json.loads((kept / "results.json").read_text()) == first
-    assert sorted(os.listdir(kept)) == ["results.csv", "results.json", "results.md", "results.png"]
+    assert sorted(os.listdir(kept)) == [
+        "results.csv",
+        "results.json",
+        "results.md",
+        "results.png",
+        "timeline.json",
+        "timeline.png",
+    ]
     assert f"wrote {kept}{os.sep} (the earlier results that were in {out}, kept)" in text

@@ -23,7 +23,7 @@ QUICK = [
     "--fake-location", "gpu", "--input-only", "--num-gpus", "1", "--batch", "2", "--image-size", "16",
     "--warmup-steps", "1", "--steps", "2", "--repeats", "1",
 ]  # fmt: skip
-OUT_FILES = ("results.json", "results.csv", "results.md", "results.png")
+OUT_FILES = ("results.json", "results.csv", "results.md", "results.png", "timeline.json", "timeline.png")
 
 
 def run(*args: str, fsize: int | None = None) -> subprocess.CompletedProcess:

@@ -75,6 +75,12 @@ def summarize(timer: StepTimer, schedule: Schedule, images_per_step: int, towers
         "loss_finite": all(math.isfinite(x) for x in losses),
         "steps_run": len(timer.ends),
         "schedule": schedule.to_dict(),
+        # For the run's timeline (profiler/timeline.py), which takes it out of the result.
+        "clock": {
+            "step_ends": list(timer.ends),
+            "images_per_step": images_per_step,
+            "windows": [[timer.starts[w[0]], timer.ends[w[-1]]] for w in map(schedule.window, range(schedule.repeats))],
+        },
     }
 
 

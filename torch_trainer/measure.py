@@ -89,6 +89,12 @@ class RankTimer:
             "wait_ms": (waits * 1e3).tolist(),
             "final_loss": losses[-1] if losses else float("nan"),
             "loss_finite": bool(losses) and all(math.isfinite(x) for x in losses),
+            "step_ends": list(self.ends),  # perf_counter: CLOCK_MONOTONIC, the parent's clock too
+            "window_spans": [
+                [self.starts[a], self.ends[a + self.steps - 1]]
+                for a in range(self.warmup, self.needed - self.steps + 1, self.steps)
+                if a + self.steps <= len(self.ends)
+            ],
         }
 
 
@@ -155,4 +161,20 @@ def combine(ranks: list[dict], batch: int, steps: int) -> dict:
         "ranks": per_rank,
         "straggler": straggler,
         "telemetry": telemetry,
+        "clock": clock(ranks, batch),
+    }
+
+
+def clock(ranks: list[dict], batch: int) -> dict:
+    """The run's step clock for its timeline (profiler/timeline.py): every rank's step ends, each window
+    from the first rank's start to the last rank's end, and the queue each step found (where the path has
+    one). Only the ranks of rank 0's machine: other machines' clocks are their own."""
+    local = [r for r in ranks if r.get("host") == ranks[0].get("host")]  # rank 0's machine writes the timeline
+    spans = [r.get("window_spans") or [] for r in local]
+    n = min(len(s) for s in spans)
+    return {
+        "step_ends": sorted(t for r in local for t in r.get("step_ends", [])),
+        "images_per_step": batch,
+        "windows": [[min(s[i][0] for s in spans), max(s[i][1] for s in spans)] for i in range(n)],
+        "queue": sorted(pair for r in local for pair in zip(r.get("step_ends", []), r.get("queue_sizes") or [])),
     }

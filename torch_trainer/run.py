@@ -201,6 +201,8 @@ def _path_figures(path, timer, amp) -> dict:
     figures["decoded_on"] = path.decoded_on  # where DALI decoded, for the dali paths
     figures["batches_trained"] = timer.needed
     figures["amp"] = str(amp).replace("torch.", "") if amp is not None else None
+    prefetch = getattr(path, "prefetch", None)  # a path with a queue: its occupancy at each step, for the timeline
+    figures["queue_sizes"] = list(prefetch.queue_sizes) if prefetch is not None else []
     return figures
 
 

@@ -1,0 +1,241 @@
+"""The run's timeline: per stage, once a second, CPU cores, resident memory and images/s (timeline.json).
+
+Framework-neutral. A thread of the run's own process (bench_input.py) walks
+its process tree once a second with psutil and puts each process in a stage:
+a producer (`python -m producers ...`) and everything under it is
+"producers"; every other process (this one, torchrun's ranks, their
+DataLoader workers; the loader's workers under --loader-only) is the stage
+the run names (`main_stage`). The producers' sent images/s comes from the
+`--stats-file` each one rewrites once a second (named on its command line).
+
+The trainer's delivered images/s and the shaded timed windows come from the
+trainers' own step clocks, handed over after each path (`add_clock`): both
+trainers time steps with time.perf_counter, CLOCK_MONOTONIC on Linux, the
+same clock in every process of this host, so the parent can place a rank's
+steps on its own seconds. Times in the document are seconds since the
+sampler started. Drawing it is profiler/timeline_plot.py's job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+
+INTERVAL_S = 1.0
+PRODUCERS = "producers"
+
+
+def _is_producer(cmdline: list[str]) -> bool:
+    """`python -m producers ...`: a producer process (its workers are found as its children)."""
+    return any(a == "producers" and i > 0 and cmdline[i - 1] == "-m" for i, a in enumerate(cmdline))
+
+
+def _stats_file(cmdline: list[str]) -> str | None:
+    for i, a in enumerate(cmdline[:-1]):
+        if a == "--stats-file":
+            return cmdline[i + 1]
+    return None
+
+
+def _sent_rate(path: str | None) -> float:
+    """A producer's images/s over its last second, from its stats file (0 before it wrote one)."""
+    if not path:
+        return 0.0
+    try:
+        with open(path) as f:
+            return float(json.load(f).get("images_per_sec", 0.0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0.0
+
+
+class Timeline:
+    """Samples the run's process tree once a second; `with Timeline("trainer") as t: ...`, then `t.document()`.
+
+    `counters`: {stage: a function returning images delivered so far}, sampled with the rest (a stage
+    without a step clock, such as --loader-only's workers, gets its images/s from it).
+    """
+
+    def __init__(self, main_stage: str, interval: float = INTERVAL_S) -> None:
+        self.main_stage = main_stage
+        self.interval = interval
+        self.counters: dict[str, Callable[[], float]] = {}
+        self.samples: list[dict] = []
+        self.windows: list[dict] = []  # {"label", "start", "end"}: the timed windows, shaded in the picture
+        self._steps: list[tuple[float, int]] = []  # (monotonic end of a step, images it delivered)
+        self._queue: list[tuple[float, int]] = []  # (monotonic end of a step, batches its queue held)
+        self._pid = os.getpid()
+        self._procs: dict[int, psutil.Process] = {}
+        self._cpu: dict[int, float] = {}  # CPU seconds of each process at the last sample
+        self._last = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.t0 = time.perf_counter()
+        self.started = time.time()
+
+    def __enter__(self) -> Timeline:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.t0, self.started = time.perf_counter(), time.time()
+        self._sample()  # each process's CPU seconds so far; the first row follows a second later
+        self.samples.clear()
+        self._thread = threading.Thread(target=self._run, name="feedbench-timeline", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling, with a last (partial-second) sample so the run's end is in the timeline."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        self.samples.append(self._sample())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval - (time.perf_counter() - self.t0) % self.interval):
+            self.samples.append(self._sample())
+
+    def _tree(self) -> list[tuple[psutil.Process, str, str | None]]:
+        """(process, stage, its producer's stats file) for this process and every descendant.
+
+        One scan of /proc for the whole tree (psutil's recursive children: parents come before their own).
+        """
+        me = self._procs.setdefault(self._pid, psutil.Process(self._pid))
+        out, stage_of = [(me, self.main_stage, None)], {self._pid: self.main_stage}
+        try:
+            children = me.children(recursive=True)
+        except psutil.Error:
+            return out
+        for c in children:
+            c = self._procs.setdefault(c.pid, c)  # the same object each second: psutil checks it is the same
+            try:
+                parent, cmd = c.ppid(), c.cmdline()
+            except psutil.Error:
+                continue
+            stage = stage_of.get(parent, self.main_stage)
+            producer = stage != PRODUCERS and _is_producer(cmd)
+            stage_of[c.pid] = PRODUCERS if producer else stage
+            out.append((c, stage_of[c.pid], _stats_file(cmd) if producer else None))
+        return out
+
+    def _sample(self) -> dict:
+        """One row: per stage, CPU cores over the last second, resident MB, processes (and sent images/s)."""
+        stages: dict[str, dict] = {self.main_stage: _empty()}
+        tree = self._tree()
+        now = time.perf_counter()
+        seconds, self._last = now - self._last, now
+        self._procs = {p.pid: p for p, _, _ in tree}  # forget processes that ended
+        cpu_before, self._cpu = self._cpu, {}
+        for proc, stage, stats in tree:
+            try:
+                with proc.oneshot():
+                    times, rss = proc.cpu_times(), proc.memory_info().rss
+            except psutil.Error:
+                continue
+            # A process first seen now started since the last sample: all its CPU time is this second's.
+            self._cpu[proc.pid] = times.user + times.system
+            s = stages.setdefault(stage, _empty())
+            s["cpu_cores"] += (self._cpu[proc.pid] - cpu_before.get(proc.pid, 0.0)) / seconds if seconds > 0 else 0.0
+            s["rss_mb"] += rss / 1e6
+            s["processes"] += 1
+            if stats:
+                s["sent_images_per_sec"] = s.get("sent_images_per_sec", 0.0) + _sent_rate(stats)
+        for stage, count in list(self.counters.items()):
+            try:
+                stages.setdefault(stage, _empty())["images_so_far"] = float(count())
+            except Exception:  # a counter whose source is gone (a point's workers ended): no figure this second
+                pass
+        return {"t": now - self.t0, "stages": stages}
+
+    def add_clock(self, label: str, clock: dict | None) -> None:
+        """A path's step clock (a trainer's result `clock`): its steps' images and its timed windows."""
+        if not clock:
+            return
+        self._steps += [(float(t), int(clock["images_per_step"])) for t in clock["step_ends"]]
+        self._queue += [(float(t), int(n)) for t, n in clock.get("queue") or []]
+        for start, end in clock["windows"]:
+            self.add_window(label, start, end)
+
+    def add_window(self, label: str, start: float, end: float) -> None:
+        """A timed window, in perf_counter seconds of this host."""
+        self.windows.append({"label": label, "start": start - self.t0, "end": end - self.t0})
+
+    def document(self) -> dict:
+        """The timeline: one row a second, each stage's figures, the delivered rate, the windows."""
+        names = sorted({s for r in self.samples for s in r["stages"]}, key=lambda s: (s == PRODUCERS, s))
+        # Every stage in every row: a stage with no process that second (producers between paths) has zeros.
+        rows = [dict(r, stages={k: dict(r["stages"].get(k) or _empty()) for k in names}) for r in self.samples]
+        _per_row(rows, sorted((t - self.t0, n) for t, n in self._steps), self.main_stage, "images_per_sec", _rate)
+        _per_row(rows, sorted((t - self.t0, n) for t, n in self._queue), self.main_stage, "queue_occupancy", _mean)
+        _counted(rows)
+        return {
+            "interval_s": self.interval,
+            "started": self.started,
+            "stages": names,
+            "samples": rows,
+            "windows": sorted(self.windows, key=lambda w: w["start"]),
+        }
+
+
+def _empty() -> dict:
+    return {"cpu_cores": 0.0, "rss_mb": 0.0, "processes": 0}
+
+
+def _rate(values: list[int], seconds: float) -> float:
+    return sum(values) / seconds if seconds > 0 else 0.0
+
+
+def _mean(values: list[int], seconds: float) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _per_row(rows: list[dict], events: list[tuple[float, int]], stage: str, key: str, fold: Callable) -> None:
+    """Each row's `key` of `stage`: `fold` of the events (sorted times, values) since the previous row."""
+    if not events:
+        return
+    i, before = 0, 0.0
+    for r in rows:
+        values = []
+        while i < len(events) and events[i][0] <= r["t"]:
+            values.append(events[i][1])
+            i += 1
+        if (v := fold(values, r["t"] - before)) is not None:
+            r["stages"][stage][key] = v
+        before = r["t"]
+
+
+def _counted(rows: list[dict]) -> None:
+    """Images/s of a stage sampled by a counter: the counter's rise since the previous row."""
+    last: dict[str, tuple[float, float]] = {}
+    for r in rows:
+        for stage, s in r["stages"].items():
+            if "images_so_far" not in s:
+                continue
+            n = s.pop("images_so_far")
+            t0, n0 = last.get(stage, (0.0, 0.0))
+            s["images_per_sec"] = max(0.0, n - n0) / (r["t"] - t0) if r["t"] > t0 and n >= n0 else 0.0
+            last[stage] = (r["t"], n)
+
+
+def out_files(doc: dict) -> dict[str, str | bytes]:
+    """{"timeline.json": ..., "timeline.png": ...}: written with the run's other --out files, all or none."""
+    from profiler.timeline_plot import timeline_png
+
+    return {"timeline.json": json.dumps(doc, indent=1), "timeline.png": timeline_png(doc)}
+
+
+def take_clocks(results: dict[str, dict] | None, timeline: Timeline | None) -> None:
+    """Move each path's step clock out of its result (the report has no place for it) into `timeline`."""
+    for path, r in (results or {}).items():
+        clock = r.pop("clock", None)
+        if timeline is not None:
+            timeline.add_clock(path, clock)

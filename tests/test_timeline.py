@@ -1,0 +1,104 @@
+"""The run's timeline (timeline.json and timeline.png beside --out's files): real runs of both trainers and a
+loader-only run, sampled once a second, every step's images accounted for, the windows inside the run."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+pytestmark = pytest.mark.timeout(400)
+
+SMALL = ["--batch", "2", "--image-size", "32", "--warmup-steps", "2", "--steps", "3", "--repeats", "2"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run(procs, *args: str, timeout: float = 300) -> str:
+    p = procs.start("bench_input.py", *args)
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    return out
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the PNG's header, after checking its signature."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def check_timeline(out: Path, stages: set[str], windows: list[str]) -> dict:
+    """What every timeline must hold: one sample a second per stage, its CPU and memory, windows in the run."""
+    doc = json.loads((out / "timeline.json").read_text())
+    rows = doc["samples"]
+    assert set(doc["stages"]) == stages and all(set(r["stages"]) >= stages for r in rows)
+    times = [r["t"] for r in rows]
+    gaps = [b - a for a, b in zip(times, times[1:-1])]  # the last sample is the run's end, part of a second
+    assert len(rows) >= 3 and all(g > 0 for g in gaps) and sorted(gaps)[len(gaps) // 2] == pytest.approx(1.0, abs=0.1)
+    for stage in stages:
+        assert max(r["stages"][stage]["cpu_cores"] for r in rows) > 0, stage
+        assert all(r["stages"][stage]["rss_mb"] > 0 for r in rows if r["stages"][stage]["processes"]), stage
+    assert [w["label"] for w in doc["windows"]] == windows
+    for w in doc["windows"]:
+        assert 0 < w["start"] < w["end"] <= times[-1], w
+    width, height = png_size(out / "timeline.png")
+    assert width >= 3 * 400 and height >= len(stages) * 200
+    return doc
+
+
+def delivered(doc: dict, stage: str) -> float:
+    """Images the timeline's per-second rates of `stage` add up to."""
+    rows, before, total = doc["samples"], 0.0, 0.0
+    for r in rows:
+        total += r["stages"][stage].get("images_per_sec", 0.0) * (r["t"] - before)
+        before = r["t"]
+    return total
+
+
+@pytest.mark.parametrize("framework", ["tf", "torch"])
+def test_a_trainer_run_writes_its_timeline(procs, tmp_path, framework):
+    """Producers feed python-queue after the gpu baseline: both stages sampled, every trained image counted."""
+    if framework == "torch":
+        pytest.importorskip("torch")
+    out = tmp_path / "out"
+    devices = 2 if framework == "torch" else 1
+    # Producers capped at 8 images/s per worker: the python-queue path lasts a few seconds, long enough for the
+    # producers to write their figures (once a second) and for the timeline to see them.
+    run(procs, "--framework", framework, "--fake-location", "python-queue", "--num-gpus", str(devices),
+        "--producers", "2", "--producer-rate", "8", "--input-only", *SMALL, "--out", str(out))  # fmt: skip
+    doc = check_timeline(out, {"trainer", "producers"}, ["gpu", "gpu", "python-queue", "python-queue"])
+    results = json.loads((out / "results.json").read_text())
+    assert "clock" not in json.dumps(results)  # the step clocks went to the timeline, not the report
+    trained = sum(r["steps_run"] for r in results["paths"].values()) * 2 * devices
+    assert delivered(doc, "trainer") == pytest.approx(trained)
+    assert max(r["stages"]["producers"].get("sent_images_per_sec", 0) for r in doc["samples"]) > 0
+    assert max(r["stages"]["producers"]["processes"] for r in doc["samples"]) >= 2  # a producer and its worker
+    if framework == "torch":  # python-queue's queue, as each step found it
+        assert any("queue_occupancy" in r["stages"]["trainer"] for r in doc["samples"])
+
+
+def test_a_loader_only_run_writes_its_timeline(procs, tmp_path):
+    loader = tmp_path / "tiny_loader.py"
+    loader.write_text(
+        "import numpy as np\n\ndef batches():\n    while True:\n"
+        "        yield np.ones((2, 8, 8, 3), np.uint8), np.arange(2)\n"
+    )
+    out = tmp_path / "out"
+    run(procs, "--loader", f"{loader}:batches", "--loader-only", "--loader-workers", "2", "--loader-seconds", "2",
+        "--no-stages", "--out", str(out))  # fmt: skip
+    assert {p.name for p in out.iterdir()} >= {"loader.json", "loader.png", "timeline.json", "timeline.png"}
+    doc = check_timeline(out, {"loader"}, ["1 worker(s)", "2 worker(s)"])
+    assert max(r["stages"]["loader"]["processes"] for r in doc["samples"]) >= 3  # the sweep and its 2 workers
+    assert max(r["stages"]["loader"].get("images_per_sec", 0) for r in doc["samples"]) > 0
+
+
+def test_no_out_no_timeline_and_a_run_without_out_is_unchanged(procs, tmp_path):
+    """The timeline comes with --out; --json alone writes the report only, with no step clock in it."""
+    js = tmp_path / "r.json"
+    run(procs, "--framework", "tf", "--fake-location", "gpu", "--num-gpus", "1", "--input-only", *SMALL,
+        "--json", str(js))  # fmt: skip
+    assert "clock" not in json.loads(js.read_text())["paths"]["gpu"]
+    assert not list(Path(ROOT).glob("timeline.*")) and not list(tmp_path.glob("timeline.*"))
