@@ -43,6 +43,7 @@ def train(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool) -> dict | None:
     digest = cluster.VariableDigest()
     waits = cluster.BarrierWait(cfg.warmup_steps)
     result = run_path(cfg, path, has_gpu, extra_callbacks=[digest, waits])
+    result.pop("clock", None)  # a cluster task writes no timeline (docs/profiling.md)
     result["cluster"] = {
         "task_index": cc.task_index,
         "host": cc.worker_hosts[cc.task_index],
