@@ -54,6 +54,11 @@ def parse_args(argv: list[str], paths: dict):
     _add_producer_flags(p)
     _add_loader_flags(p)
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
+    p.add_argument(
+        "--compare", metavar="OLD.json",
+        help="then compare the run's results (--json FILE, or --out DIR) with an earlier run's, path by path: "
+        "exit 1 when a path is slower beyond noise (python -m profiler.compare; docs/results.md)",
+    )  # fmt: skip
     _add_machine_flags(p)
     _add_profiling_flags(p)
     cluster_spec.add_flags(p)
@@ -279,12 +284,15 @@ def _variable_update(text: str) -> str:
 
 
 def check_places(args) -> None:
-    """Refuse, before anything runs, an empty or '-' output name and a --profile place that is no folder."""
+    """Refuse, before anything runs, an empty or '-' output name, a --profile place that is no folder, and
+    --compare where no trainer run's results are made to compare."""
     import os
 
     from core.errors import ConfigError
     from profiler.report import writable_folder
 
+    if args.compare and args.loader_only:
+        raise ConfigError("--compare and --loader-only: a comparison is of a trainer run's paths; drop one")
     for flag, value in (("--json", args.json_path), ("--out", args.out), ("--profile", args.profile_dir)):
         if value is not None and value.strip() in ("", "-"):
             raise ConfigError(f"{flag} {value!r}: give the name of a file or folder to write (not stdout)")
@@ -381,6 +389,7 @@ def _main(argv: list[str]) -> int:
     registry.refuse_limits(framework, args)  # flags this framework's trainer cannot honour
     cfg = config_from(args, paths)
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
+    comparison = check_compare(args, grid, cfg, framework)  # --compare: OLD read, before anything runs
     if grid is not None:
         cfg.paths = grid.get("paths", cfg.paths)
         cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
@@ -403,7 +412,41 @@ def _main(argv: list[str]) -> int:
     trainer = plugin.load(framework, args)
     if task is not None:  # a task of a TensorFlow cluster: the cluster's own run and report
         return trainer.run_task(cfg, task)
-    return run.main(trainer, cfg, base, grid, args.out, args.bench)
+    return compared(comparison, run.main(trainer, cfg, base, grid, args.out, args.bench))
+
+
+def check_compare(args, grid: dict | None, cfg, framework: str) -> tuple[str, str] | None:
+    """--compare OLD.json: (OLD, the file the run's results go to), once OLD reads as a result that the run's
+    given flags do not already differ from (ConfigError, CompareError: one line); None without --compare."""
+    if not args.compare:
+        return None
+    import os
+
+    from core.errors import ConfigError
+    from profiler.compare import CompareError, difference, load, refusal
+    from runner import cluster_spec
+
+    for flag, given in (("--sweep", grid is not None), ("--find-capacity", args.find_capacity),
+                        ("--bench", args.bench), ("--local-cluster", args.local_cluster),
+                        (f"--variable-update {cfg.variable_update}", cfg.variable_update in cluster_spec.MODES)):  # fmt: skip
+        if given:
+            raise ConfigError(f"--compare and {flag}: a comparison is of one run's paths on one machine; drop one")
+    if not args.json_path and not args.out:
+        raise ConfigError("--compare needs --json FILE or --out DIR: where the run's results go, to be compared")
+    new = args.json_path or os.path.join(args.out, "results.json")
+    if diff := difference(load(args.compare), {"framework": framework, "config": cfg.to_dict()}, given_only=True):
+        raise CompareError(refusal(args.compare, "this run", diff))
+    return args.compare, new
+
+
+def compared(comparison: tuple[str, str] | None, code: int) -> int:
+    """The run's exit code, or, after a run that succeeded, the comparison's (1: a path slower beyond noise)."""
+    if comparison is None or code != 0:
+        return code
+    from profiler.compare import compare_files
+
+    print()
+    return compare_files(*comparison)
 
 
 def _check_swept_rates(grid: dict, cfg) -> None:
