@@ -110,7 +110,9 @@ def _model(doc: dict) -> str:
 def _shown(v: Any) -> str:
     if isinstance(v, list):
         return ", ".join(map(str, v)) or "none"
-    return {None: "none", True: "on", False: "off"}.get(v, str(v)) if not isinstance(v, int | float) else f"{v:g}"
+    if v is None or isinstance(v, bool):
+        return {None: "none", True: "on", False: "off"}[v]
+    return f"{v:g}" if isinstance(v, int | float) else str(v)
 
 
 def difference(old: dict, new: dict, given_only: bool = False) -> tuple[str, str, Any, Any] | None:
@@ -172,9 +174,11 @@ def step_shares(result: dict) -> dict[str, float]:
         out["input wait"] = float(tel["input_wait_share"])
     cpu = tel.get("cpu") or {}
     for name, fig in (cpu.get("threads") or {}).items():
-        out[f"{name} CPU"] = fig["cores"]
-    if cpu.get("producers"):
-        out["producers CPU"] = cpu["input"]["producers"]["cores"]
+        if isinstance((fig or {}).get("cores"), int | float):
+            out[f"{name} CPU"] = fig["cores"]
+    producers = ((cpu.get("input") or {}).get("producers") or {}).get("cores")
+    if cpu.get("producers") and isinstance(producers, int | float):  # the run started producers
+        out["producers CPU"] = producers
     return out
 
 
@@ -226,8 +230,8 @@ def path_change(old: dict, new: dict, is_baseline: bool) -> dict:
     if ou.get("ratio") and nu.get("ratio") and ou["ratio"][0] > 0:
         out["ratio_interval"] = [nu["ratio"][0] / ou["ratio"][1], nu["ratio"][1] / ou["ratio"][0]]
         out["ratio_confidence"] = max(0.0, nu["ratio_confidence"] + ou["ratio_confidence"] - 1)
-        # A path whose images/s moved beyond noise but whose ratio to its own run's baseline did not: the load
-        # of the machine or the trainer changed between the runs, not this input; its verdict is the ratio's.
+        # A path whose images/s moved beyond noise but whose ratio to its own run's baseline did not cannot be
+        # told from a change of the machine's load between the runs, which no window sees: within noise.
         by_ratio = _verdict(rn / ro, *out["ratio_interval"], min(len(ow), len(nw)))
         if out["verdict"] in (SLOWER, FASTER) and by_ratio != out["verdict"]:
             out.update(verdict=WITHIN, machine_moved=True)
@@ -312,8 +316,8 @@ def text(result: dict) -> str:
     moved = [p for p, c in paths.items() if c["machine_moved"]]
     if moved:
         lines.append(
-            f"{', '.join(moved)}: images/s moved beyond the windows' noise but not the ratio to the baseline of the "
-            "same run: the machine's load (or the trainer) changed between the runs, not the input; read within noise"
+            f"{', '.join(moved)}: images/s moved beyond the windows' noise, the ratio to the baseline of the same run "
+            "did not: a change of the machine's load between the runs would do that; read within noise"
         )
     slower = [p for p, c in paths.items() if c["verdict"] == SLOWER]
     lines.append(
