@@ -153,7 +153,11 @@ class LoaderSpec:
         stem = os.path.splitext(os.path.basename(path))[0]
         folder = os.path.dirname(path)
         mod_name = stem
-        if not stem.isidentifier() or stem in sys.modules or importlib.util.find_spec(stem) is not None:
+        # Another module of that name is in the way; this very file, found through a folder an earlier
+        # import put on sys.path (which spawned processes inherit), is not.
+        found = importlib.util.find_spec(stem) if stem.isidentifier() and stem not in sys.modules else None
+        theirs = found is not None and os.path.abspath(found.origin or "") != path
+        if not stem.isidentifier() or stem in sys.modules or theirs:
             mod_name = "feedbench_loader_" + "".join(c if c.isalnum() else "_" for c in stem)
         elif folder not in sys.path and not _shadows_project(folder):
             sys.path.append(folder)

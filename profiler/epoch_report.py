@@ -6,8 +6,8 @@ arriving evenly between the batch before it and itself, so a bin's rate is
 exact however batches straddle its edges, and the pause at an epoch's change
 (no batch while the old workers stop and new ones start) shows as the slow
 bins it is. The steady rate is the median epoch's rate from its first batch
-to its last; the dip is how far the slowest 1-second bin around an epoch's
-change falls below it.
+to its last; the dip is how far the slowest 1-second bin from an epoch's
+last batch on (the pause, then the next epoch's start) falls below it.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def boundaries(passes: list[dict], steady: float | None) -> list[dict]:
             for j in steps
             if lo <= last + j * BIN_S and last + (j + 1) * BIN_S <= hi
         ]
-        slow = min(bins, key=lambda b: b["images_per_sec"]) if bins else None
+        after = [b for b in bins if b["at_s"] >= 0]  # from the last batch on: the pause and the restart
+        slow = min(after, key=lambda b: b["images_per_sec"]) if after else None
         out.append(
             {
                 "after_epoch": k + 1,
@@ -160,6 +161,10 @@ def document(name: str, epochs: int, runs: list[dict], machine_cores: int) -> di
     }
 
 
+def _epochs_words(numbers: list[int]) -> str:
+    return f"epoch {numbers[0]}" if len(numbers) == 1 else f"epochs {numbers[0]}-{numbers[-1]}"
+
+
 def _s(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}"
 
@@ -169,11 +174,12 @@ def run_text(run: dict) -> str:
     rows = [
         [e["epoch"], _s(e["first_batch_s"]), _s(e["start_call_s"]), e["workers_started"], _s(e["worker_startup_s"]),
          _s(e["worker_init_s"]), e["batches"], f"{e['images_per_sec']:.1f}" if e["images_per_sec"] else "",
-         f"{e['images_per_sec_after_first']:.1f}" if e["images_per_sec_after_first"] else ""]
+         f"{e['images_per_sec_after_first']:.1f}" if e["images_per_sec_after_first"] else "",
+         _s(e["wind_down_s"])]
         for e in run["epochs"]
     ]  # fmt: skip
     headers = ["epoch", "first batch s", "start call s", "workers started", "worker start-up s", "worker_init s",
-               "batches", "images/s", "images/s after 1st"]  # fmt: skip
+               "batches", "images/s", "images/s after 1st", "wind-down s"]  # fmt: skip
     out = [tabulate(rows, headers=headers, disable_numparse=True)]
     steady = run["steady_images_per_sec"]
     if steady:
@@ -205,7 +211,7 @@ def text(doc: dict) -> str:
         out += [
             "",
             f"persistent_workers=True saves {s['saves_s']:.2f} s at each later epoch's start: the first batch of "
-            f"epochs {s['epochs_compared'][0]}-{s['epochs_compared'][-1]} comes {s['first_batch_with_s']:.2f} s "
+            f"{_epochs_words(s['epochs_compared'])} comes {s['first_batch_with_s']:.2f} s "
             f"after the epoch starts instead of {s['first_batch_without_s']:.2f} s (medians)",
         ]
     if ep["note"]:

@@ -18,6 +18,7 @@ turns the readings into figures.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import time
@@ -65,6 +66,9 @@ def timed_passes(
         if not times:
             raise LoaderError(f"loader {spec.name}: epoch {epoch} yielded no batches (an empty or exhausted loader?)")
         yield "epoch", {"start": start, "began": began, "times": times, "images": images, "end": end}
+    # The last pass's iterator (a persistent DataLoader's keeps its workers) shuts its workers down as it goes.
+    del items, begin, obj
+    gc.collect()
 
 
 def _epoch_process(

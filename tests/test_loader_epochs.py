@@ -110,6 +110,23 @@ def test_a_dataset_batched_by_feedbench_reports_each_epoch_once(data, tmp_path):
     assert "no worker processes to start" in out
 
 
+def test_a_loader_file_whose_dataloader_spawns_its_workers_runs_both_ways(data, tmp_path):
+    """Spawned DataLoader workers import the loader's file by its module name: it must be the one they find."""
+    js = tmp_path / "epochs.json"
+    code, out, err = run(
+        "--loader", f"{TV}:make_loader", "--loader-arg", f"data={data}", "--loader-arg", "image_size=32",
+        "--loader-arg", "batch_size=8", "--loader-arg", "num_workers=1", "--loader-arg", "start_method=spawn",
+        "--loader-only", "--epochs", "1", "--json", str(js),
+    )  # fmt: skip
+    assert code == 0, err
+    block = json.loads(js.read_text())["epochs"]
+    check_part(block, "loader_epochs")
+    assert [(r["persistent_workers"], r["as_given"]) for r in block["runs"]] == [(True, True), (False, False)]
+    assert all(r["epochs"][0]["workers_started"] == 1 for r in block["runs"])
+    assert block["persistent_workers_saving"] is None  # one epoch: no later epoch to compare
+    assert "leaked" not in err  # the persistent worker was shut down, its queues released
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
