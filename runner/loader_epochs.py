@@ -24,11 +24,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from typing import Any
 
 from core.loader_spec import WORKER_LOG_ENV, Batcher, LoaderError, LoaderSpec, guarded, made, passes, stop_children
 from producers.launcher import stop_workers
 from runner import shutdown
 from runner.loader_only import Options, in_worker, print_and_write, private_tmpdir
+
+INFINITE = -1  # tf.data's cardinality of a dataset that repeats for ever (tf.data.INFINITE_CARDINALITY)
 
 
 def timed_passes(
@@ -47,6 +50,7 @@ def timed_passes(
         if persistent is not None and obj.num_workers > 0 and persistent != obj.persistent_workers:
             object.__setattr__(obj, "persistent_workers", persistent)  # DataLoader refuses it once made
             info.update(persistent_workers=persistent, as_given=False)
+    limit = epoch_length(obj, kind, spec.name)
     yield "loader", info
     begin = passes(obj, kind, opts.seed, spec.name, rebuild, lazy=True)
     batcher = Batcher(spec.name, opts.batch, None, None)
@@ -55,12 +59,16 @@ def timed_passes(
         start = time.monotonic()
         items = begin()
         began = time.monotonic()
-        times, images = [], []
+        times, images, end = [], [], None
         # ahead=0: the loader is asked for a batch only when the loop wants one, as a training loop does.
-        for batch, _ in batcher.batches(guarded(items, spec.name, opts.timeout, should_stop, unit, ahead=0)):
+        taken = batcher.batches(guarded(items, spec.name, opts.timeout, should_stop, unit, ahead=0))
+        for batch, _ in taken:
             times.append(time.monotonic())
             images.append(len(batch))
-        end = time.monotonic()
+            if len(times) == limit:
+                end = times[-1]  # the epoch ends with its last batch; the pass goes on unseen
+                taken.close()
+        end = end or time.monotonic()
         if should_stop():
             return
         if not times:
@@ -69,6 +77,25 @@ def timed_passes(
     # The last pass's iterator (a persistent DataLoader's keeps its workers) shuts its workers down as it goes.
     del items, begin, obj
     gc.collect()
+
+
+def epoch_length(obj: Any, kind: str, name: str) -> int | None:
+    """Batches in an epoch where the pass itself would not end; None where the pass's end is the epoch's.
+
+    A DataFlow's epoch is len(df) batches, as tensorpack's trainers count it (its multiprocess runners
+    yield for ever). A tf.data.Dataset that repeats for ever has no epochs to measure: refused.
+    """
+    if kind == "dataflow":
+        try:
+            return len(obj)
+        except (NotImplementedError, TypeError):
+            return None
+    if kind == "tf.data" and int(obj.cardinality()) == INFINITE:
+        raise LoaderError(
+            f"loader {name}: its tf.data.Dataset repeats for ever (.repeat()): --epochs needs epochs that end; "
+            "leave out .repeat() (a training loop starts each epoch itself)"
+        )
+    return None
 
 
 def _epoch_process(
