@@ -13,7 +13,7 @@ import pytest
 from schema import check_part
 
 from tests import test_loader
-from tests.test_loader import ROOT, TV
+from tests.test_loader import ROOT, TF_DATA, TV
 from tests.test_loader_figures import run
 
 data = test_loader.data  # the fixture: a small ImageNet-layout folder of real JPEGs
@@ -125,6 +125,17 @@ def test_a_loader_file_whose_dataloader_spawns_its_workers_runs_both_ways(data, 
     assert all(r["epochs"][0]["workers_started"] == 1 for r in block["runs"])
     assert block["persistent_workers_saving"] is None  # one epoch: no later epoch to compare
     assert "leaked" not in err  # the persistent worker was shut down, its queues released
+
+
+def test_a_tf_data_pipeline_that_repeats_for_ever_is_refused_in_one_line(data):
+    code, out, err = run(
+        "--loader", f"{TF_DATA}", "--loader-arg", f"data={data}", "--loader-arg", "image_size=32", "--batch", "4",
+        "--loader-only", "--epochs", "2", timeout=180,
+    )  # fmt: skip
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error")]
+    assert len(lines) == 1 and "repeats for ever (.repeat()): --epochs needs epochs that end" in lines[0], err
+    assert "epoch 1:" not in out and "Traceback" not in err
 
 
 @pytest.mark.parametrize(
