@@ -19,6 +19,7 @@ turns the readings into figures.
 from __future__ import annotations
 
 import gc
+import itertools
 import multiprocessing as mp
 import os
 import time
@@ -59,16 +60,14 @@ def timed_passes(
         start = time.monotonic()
         items = begin()
         began = time.monotonic()
-        times, images, end = [], [], None
+        if limit is not None:  # the epoch ends there; the pass goes on unseen
+            items = itertools.islice(items, limit)
+        times, images = [], []
         # ahead=0: the loader is asked for a batch only when the loop wants one, as a training loop does.
-        taken = batcher.batches(guarded(items, spec.name, opts.timeout, should_stop, unit, ahead=0))
-        for batch, _ in taken:
+        for batch, _ in batcher.batches(guarded(items, spec.name, opts.timeout, should_stop, unit, ahead=0)):
             times.append(time.monotonic())
             images.append(len(batch))
-            if len(times) == limit:
-                end = times[-1]  # the epoch ends with its last batch; the pass goes on unseen
-                taken.close()
-        end = end or time.monotonic()
+        end = time.monotonic()
         if should_stop():
             return
         if not times:
@@ -80,9 +79,9 @@ def timed_passes(
 
 
 def epoch_length(obj: Any, kind: str, name: str) -> int | None:
-    """Batches in an epoch where the pass itself would not end; None where the pass's end is the epoch's.
+    """Items (batches or samples) in an epoch where the pass would not end; None where the pass's end is the epoch's.
 
-    A DataFlow's epoch is len(df) batches, as tensorpack's trainers count it (its multiprocess runners
+    A DataFlow's epoch is len(df) datapoints, as tensorpack's trainers count it (its multiprocess runners
     yield for ever). A tf.data.Dataset that repeats for ever has no epochs to measure: refused.
     """
     if kind == "dataflow":
