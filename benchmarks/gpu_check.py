@@ -52,6 +52,10 @@ SHORT_RUN = ["--num-gpus", "1", "--use-fp16", "--warmup-steps", "10", "--steps",
 MIN_SHARE_OF_PUBLISHED = 0.25
 # A path's slowdown (1 - ratio) and its input wait share may differ by this much before they disagree.
 WAIT_TOLERANCE = 0.15
+# A path may run this much above the baseline before it is taken for a broken baseline: runs of one process
+# drift by that much between paths (an H200, 2026-11-26: the baseline, always first, ran 0.4-0.6% below the
+# fed paths with window intervals of +-0.02%; docs/gpu.md), which no window interval holds.
+DRIFT_TOLERANCE = 0.01
 BASELINE = "gpu"
 
 
@@ -116,9 +120,10 @@ def figure_problems(framework: str, results: dict[str, dict], gpu_name: str, fp1
             continue
         lo, hi, _, _ = ratio_interval(w, bw)
         ratio = statistics.median(w) / rate if rate > 0 else math.nan
-        if len(w) > 1 and len(bw) > 1 and lo > 1.0:
+        if len(w) > 1 and len(bw) > 1 and lo > 1.0 + DRIFT_TOLERANCE:
             problems.append(
-                f"{framework}: the {BASELINE} baseline ran slower than {path} beyond its interval "
+                f"{framework}: the {BASELINE} baseline ran slower than {path} beyond its interval and the "
+                f"{DRIFT_TOLERANCE:.0%} drift between paths "
                 f"(ratio {lo:.2f}-{hi:.2f}): the on-device baseline is the ceiling, so the run is not to be trusted"
             )
         share = (r.get("telemetry") or {}).get("input_wait_share")

@@ -8,6 +8,7 @@ the one copy out of the producer's shared-memory slot (wire/shm.py).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -18,6 +19,19 @@ from zmq.utils import monitor
 from consumers.accounting import SeqTracker
 from wire import curve, message, shm
 from wire.endpoints import EndpointError, attach, release
+
+
+def io_threads(cores: int | None = None) -> int:
+    """ZMQ I/O threads for a consumer's context: one per 4 cores (default: those this process may use), 1 to 4.
+
+    One I/O thread reads about 2 GB/s of large messages, under what eight producers send on a 16-core
+    machine; each producer's connection is served by one of them, so several read several producers at
+    once. FEEDBENCH_ZMQ_IO_THREADS overrides. The native receiver uses the same rule (zmq_core.cc:IoThreads).
+    """
+    given = os.environ.get("FEEDBENCH_ZMQ_IO_THREADS", "")
+    if given.isdigit() and int(given) >= 1:
+        return int(given)
+    return min(4, max(1, (cores or len(os.sched_getaffinity(0))) // 4))
 
 
 class ReceiveTimeout(TimeoutError):
@@ -52,7 +66,7 @@ class PullConsumer:
     ) -> None:
         self.endpoint = endpoint
         self.recv_timeout = recv_timeout
-        self._ctx = zmq.Context.instance()
+        self._ctx = zmq.Context.instance(io_threads=io_threads())
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)

@@ -47,8 +47,14 @@ class InputOnly(nn.Module):
 
 
 class EmulatedDevice(nn.Module):
-    """A device that takes `batch / rate` seconds per step without using host CPU (it sleeps), from the
-    moment its batch is on the device (on a GPU: once the batch's host-to-device copy is done).
+    """A device that takes `batch / rate` seconds per step without using host CPU, from the moment its batch
+    is on the device (on a GPU: once the batch's host-to-device copy is done).
+
+    Like a GPU, it runs a step while the host goes on: `forward` waits only until the device has finished
+    the previous step, then hands the batch over and returns, so the host prepares the next batch while
+    this one is consumed (a path that makes its batches on the step's own thread, like `cpu`, overlaps
+    them with the device as it does on a real GPU). `finish` waits for the step under way: a timed window
+    ends there. `idle` is how long the device waited for this step's batch: its input wait.
 
     The hook for `--model emulated`: the rate and where it comes from are
     given by whoever selects it, and every report labels the run as emulated.
@@ -60,9 +66,11 @@ class EmulatedDevice(nn.Module):
             raise ConfigError(f"emulated device rate {images_per_sec:g} must be above 0 images/s")
         self.images_per_sec = images_per_sec
         self.scale = nn.Parameter(torch.ones(()))
-        self._due = 0.0  # when the previous step's batch was consumed, on an absolute schedule
+        self._due = 0.0  # when the step under way ends, on an absolute schedule (0: no step yet)
+        self.idle = 0.0  # seconds the device waited for the last batch it was handed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.finish()  # the previous step occupies the device until its end
         if x.is_cuda:
             # The device's time starts when the batch is there, as TensorFlow's kernel starts it from a
             # stream callback: this stream waits for the batch's copy (the path's event), so once the
@@ -70,14 +78,17 @@ class EmulatedDevice(nn.Module):
             arrived = torch.cuda.Event()
             arrived.record()
             arrived.synchronize()
-        # Absolute deadlines, so the host's own time between steps does not add up: a step that
-        # starts late (input wait) starts a new schedule; one that starts early waits out its share.
-        # Up to a tenth of a step of host time between steps is taken from the schedule's slack.
+        # Absolute deadlines, so the host's own time between steps does not add up: a batch that comes late
+        # (input wait) starts a new schedule. Up to a tenth of a step of lateness is taken from the slack.
         now, step = time.perf_counter(), x.shape[0] / self.images_per_sec
-        start = self._due if now - self._due < 0.1 * step else now
+        start = self._due if self._due and now - self._due < 0.1 * step else now
+        self.idle = start - self._due if self._due else 0.0
         self._due = start + step
-        time.sleep(max(0.0, self._due - now))
         return (x[:, :1, :1, :1].float().flatten(1) * self.scale).expand(-1, 2)
+
+    def finish(self) -> None:
+        """Wait until the step under way has ended (the device's synchronize)."""
+        time.sleep(max(0.0, self._due - time.perf_counter()))
 
 
 _STATS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}

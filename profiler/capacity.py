@@ -82,7 +82,9 @@ class CapacitySearch:
         kept, got = self._try(rate)
         if kept:
             lo = rate
-            while len(self.probes) < self.max_probes - 2:
+            # Keep two probes for the bisection, but always try one doubling: a path that kept up with
+            # the first demand is otherwise never asked for more (`>= demand` is no capacity).
+            while len(self.probes) < max(2, self.max_probes - 2):
                 rate *= 2
                 kept, got = self._try(rate)
                 if not kept:

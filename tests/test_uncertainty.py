@@ -423,3 +423,14 @@ def test_the_same_path_measured_twice_reads_within_noise(tmp_path):
     assert u["within_noise"] is True and u["ratio"][0] <= 1.0 <= u["ratio"][1], u
     assert results["gpu again"]["verdict"]["level"] == WITHIN_NOISE
     assert WITHIN_NOISE in table(results, 1, False)
+
+
+def test_a_short_search_whose_first_demand_is_met_still_asks_for_more():
+    """--capacity-probes 3 on an H200 machine (docs/gpu.md): every fed path kept up with one H100's 7,000
+    img/s and the search stopped there, `>= 7,000`. One doubling is always tried; the last probe bisects."""
+    found = CapacitySearch(1, noisy_path(10_000, 0.0, 1, 0), lambda r: r, max_probes=3, confirm=0).run(7000)
+    demands = [round(p["demand_images_per_sec"]) for p in found["probes"]]
+    assert demands == [7000, 14000, 9899], demands
+    assert [p["kept_up"] for p in found["probes"]] == [True, False, True]
+    assert found["images_per_sec"] == pytest.approx(9899, rel=1e-3)
+    assert agrees_with_its_probes(found, 1) == []

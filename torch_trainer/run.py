@@ -79,7 +79,10 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     try:
         timer.opened = time.perf_counter()  # the path's start, for its time to the first batch
         path.open(ctx)
-        _run_steps(cfg, ctx, path, timer, lambda images, labels: train_step(prepared(images), labels), sync_debug)
+        _run_steps(
+            cfg, ctx, path, timer, lambda images, labels: train_step(prepared(images), labels), sync_debug,
+            _emulated(model),
+        )  # fmt: skip
         path.measure_end()
         synchronize(ctx.device)
         figures = _path_figures(path, timer, amp)
@@ -136,8 +139,20 @@ def _stepper(cfg: BenchConfig, ctx, model, opt, scaler, amp):
     return train_step
 
 
-def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | None) -> None:
-    """Warm-up, then the timed windows: each step takes a batch from the path, the device's wait marked around it."""
+def _emulated(model):
+    """The emulated device inside `model` (under DDP or torch.compile), or None for a real model."""
+    from models.torch import EmulatedDevice
+
+    inner = getattr(getattr(model, "module", model), "_orig_mod", getattr(model, "module", model))
+    return inner if isinstance(inner, EmulatedDevice) else None
+
+
+def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | None, emulated=None) -> None:
+    """Warm-up, then the timed windows: each step takes a batch from the path, the device's wait marked around it.
+
+    An emulated device runs its step while the host goes on (models/torch.py): a window ends when its last
+    step has, and the input wait is the device's own (how long it sat idle for each batch).
+    """
     import torch
 
     from torch_trainer.measure import synchronize
@@ -161,9 +176,15 @@ def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | No
         if timer.window_end(step):
             with allowed_sync(sync_debug):
                 synchronize(ctx.device)  # a timed window ends when the device has done its work
+            if emulated is not None:
+                emulated.finish()
         timer.starts.append(t0)
-        timer.waits.append(t1 - t0)  # the host's wait; on a GPU replaced by the device's at the window's end
-        timer.device_marks.append((before, after))
+        if emulated is not None:  # the emulated device's own idle time, not the host's time in next()
+            timer.waits.append(emulated.idle)
+            timer.device_marks.append((None, None))
+        else:
+            timer.waits.append(t1 - t0)  # the host's wait; on a GPU replaced by the device's at the window's end
+            timer.device_marks.append((before, after))
         timer.ends.append(time.perf_counter())
         if timer.window_end(step):
             timer.close_window(step)

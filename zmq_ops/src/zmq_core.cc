@@ -3,6 +3,7 @@
 #include "zmq_core.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -31,6 +33,20 @@ int64_t NowMs() {
 }
 
 std::string ZmqError() { return zmq_strerror(zmq_errno()); }
+
+// ZMQ's I/O threads read the sockets' bytes; one thread reads about 2 GB/s of large messages, below what
+// eight producers send on a 16-core machine. Each producer's connection is served by one I/O thread, so
+// several threads read several producers at once: one per 4 cores the process may use, 1 to 4
+// (FEEDBENCH_ZMQ_IO_THREADS overrides). consumers/zmq_pull.py:io_threads is the same rule for pyzmq.
+int IoThreads() {
+  if (const char* env = std::getenv("FEEDBENCH_ZMQ_IO_THREADS")) {
+    const int n = std::atoi(env);
+    if (n >= 1) return n;
+  }
+  cpu_set_t set;
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return std::min(4, std::max(1, cores / 4));
+}
 
 Status Error(Code code, std::string message) { return Status{code, std::move(message)}; }
 
@@ -247,6 +263,7 @@ Status Connection::Open() {
   }
   context_ = zmq_ctx_new();
   if (context_ == nullptr) return Error(Code::kInternal, "cannot create a ZMQ context: " + ZmqError());
+  zmq_ctx_set(context_, ZMQ_IO_THREADS, IoThreads());  // before the first socket: it starts them
   socket_ = zmq_socket(context_, ZMQ_PULL);
   if (socket_ == nullptr) return Error(Code::kInternal, "cannot create a ZMQ PULL socket: " + ZmqError());
 

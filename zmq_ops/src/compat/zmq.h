@@ -30,6 +30,7 @@ extern "C" {
 #define ZMQ_MAXMSGSIZE 22
 #define ZMQ_SNDHWM 23
 #define ZMQ_RCVHWM 24
+#define ZMQ_IO_THREADS 1
 #define ZMQ_RCVTIMEO 27
 #define ZMQ_SNDTIMEO 28
 #define ZMQ_IMMEDIATE 39
@@ -68,6 +69,7 @@ const char* zmq_strerror(int errnum);
 int zmq_has(const char* capability);
 
 void* zmq_ctx_new(void);
+int zmq_ctx_set(void* context, int option, int optval);
 int zmq_ctx_term(void* context);
 
 void* zmq_socket(void* context, int type);
