@@ -272,6 +272,12 @@ def _add_loader_flags(p: argparse.ArgumentParser) -> None:
         help="--loader-only: measured seconds per worker count (default 5)",
     )  # fmt: skip
     g.add_argument("--no-stages", action="store_true", help="--loader-only: skip the per-stage timing")
+    g.add_argument(
+        "--epochs", type=positive_int, metavar="N",
+        help="--loader-only: instead of the sweep, one copy of the loader through N whole epochs: each epoch's "
+        "first batch, worker start-up and rate, and the rate per second across each epoch's end (a DataLoader "
+        "with workers: with and without persistent_workers)",
+    )  # fmt: skip
 
 
 def _variable_update(text: str) -> str:
@@ -302,6 +308,21 @@ def check_places(args) -> None:
     if os.path.exists(place) and not os.path.isdir(place):
         raise ConfigError(f"--profile {place}: exists and is not a folder; the trace needs a folder")
     writable_folder("--profile", place, place if os.path.isdir(place) else os.path.dirname(os.path.abspath(place)))
+
+
+def check_epochs(args) -> None:
+    """--epochs is --loader-only's epoch report: refuse it elsewhere, and the sweep's flags beside it."""
+    from core.errors import ConfigError
+
+    if not args.loader_only:
+        raise ConfigError(
+            f"--epochs {args.epochs}: only with --loader-only (the loader alone across its epochs); "
+            "a trainer run reports each path's first batch by itself"
+        )
+    sweep = [f for f, v in (("--loader-workers", args.loader_workers), ("--emulate", args.emulate),
+                            ("--emulate-rate", args.emulate_rate), ("--num-devices", args.num_devices)) if v]  # fmt: skip
+    if sweep:
+        raise ConfigError(f"--epochs runs one copy of the loader, not the worker sweep: drop {', '.join(sweep)}")
 
 
 def config_from(args, paths: dict):
@@ -378,12 +399,10 @@ def _main(argv: list[str]) -> int:
         args.loader = absolute_target(args.loader)  # producers and ranks run in the project's folder
     check_places(args)
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
+    if args.epochs is not None:
+        check_epochs(args)
     if args.loader_only:
-        if not args.loader:
-            raise ConfigError("--loader-only needs --loader MODULE:CALLABLE")
-        from runner.loader_only import main as loader_only
-
-        return loader_only(args)
+        return _loader_only(args)
     if args.num_devices:
         raise ConfigError("--num-devices is for --loader-only; a run's devices are --num-gpus")
     registry.refuse_limits(framework, args)  # flags this framework's trainer cannot honour
@@ -447,6 +466,21 @@ def compared(comparison: tuple[str, str] | None, code: int) -> int:
 
     print()
     return compare_files(*comparison)
+
+
+def _loader_only(args) -> int:
+    """--loader-only: the worker sweep, or with --epochs the epoch report; no trainer."""
+    from core.errors import ConfigError
+
+    if not args.loader:
+        raise ConfigError("--loader-only needs --loader MODULE:CALLABLE")
+    if args.epochs is not None:
+        from runner.loader_epochs import main as loader_epochs
+
+        return loader_epochs(args)
+    from runner.loader_only import main as loader_only
+
+    return loader_only(args)
 
 
 def _check_swept_rates(grid: dict, cfg) -> None:
