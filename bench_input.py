@@ -54,6 +54,11 @@ def parse_args(argv: list[str], paths: dict):
     _add_producer_flags(p)
     _add_loader_flags(p)
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
+    p.add_argument(
+        "--compare", metavar="OLD.json",
+        help="then compare the run's results (--json FILE, or --out DIR) with an earlier run's, path by path: "
+        "exit 1 when a path is slower beyond noise (python -m profiler.compare; docs/results.md)",
+    )  # fmt: skip
     _add_machine_flags(p)
     _add_profiling_flags(p)
     cluster_spec.add_flags(p)
@@ -267,6 +272,12 @@ def _add_loader_flags(p: argparse.ArgumentParser) -> None:
         help="--loader-only: measured seconds per worker count (default 5)",
     )  # fmt: skip
     g.add_argument("--no-stages", action="store_true", help="--loader-only: skip the per-stage timing")
+    g.add_argument(
+        "--epochs", type=positive_int, metavar="N",
+        help="--loader-only: instead of the sweep, one copy of the loader through N whole epochs: each epoch's "
+        "first batch, worker start-up and rate, and the rate per second across each epoch's end (a DataLoader "
+        "with workers: with and without persistent_workers)",
+    )  # fmt: skip
 
 
 def _variable_update(text: str) -> str:
@@ -279,12 +290,15 @@ def _variable_update(text: str) -> str:
 
 
 def check_places(args) -> None:
-    """Refuse, before anything runs, an empty or '-' output name and a --profile place that is no folder."""
+    """Refuse, before anything runs, an empty or '-' output name, a --profile place that is no folder, and
+    --compare where no trainer run's results are made to compare."""
     import os
 
     from core.errors import ConfigError
     from profiler.report import writable_folder
 
+    if args.compare and args.loader_only:
+        raise ConfigError("--compare and --loader-only: a comparison is of a trainer run's paths; drop one")
     for flag, value in (("--json", args.json_path), ("--out", args.out), ("--profile", args.profile_dir)):
         if value is not None and value.strip() in ("", "-"):
             raise ConfigError(f"{flag} {value!r}: give the name of a file or folder to write (not stdout)")
@@ -294,6 +308,21 @@ def check_places(args) -> None:
     if os.path.exists(place) and not os.path.isdir(place):
         raise ConfigError(f"--profile {place}: exists and is not a folder; the trace needs a folder")
     writable_folder("--profile", place, place if os.path.isdir(place) else os.path.dirname(os.path.abspath(place)))
+
+
+def check_epochs(args) -> None:
+    """--epochs is --loader-only's epoch report: refuse it elsewhere, and the sweep's flags beside it."""
+    from core.errors import ConfigError
+
+    if not args.loader_only:
+        raise ConfigError(
+            f"--epochs {args.epochs}: only with --loader-only (the loader alone across its epochs); "
+            "a trainer run reports each path's first batch by itself"
+        )
+    sweep = [f for f, v in (("--loader-workers", args.loader_workers), ("--emulate", args.emulate),
+                            ("--emulate-rate", args.emulate_rate), ("--num-devices", args.num_devices)) if v]  # fmt: skip
+    if sweep:
+        raise ConfigError(f"--epochs runs one copy of the loader, not the worker sweep: drop {', '.join(sweep)}")
 
 
 def config_from(args, paths: dict):
@@ -370,17 +399,16 @@ def _main(argv: list[str]) -> int:
         args.loader = absolute_target(args.loader)  # producers and ranks run in the project's folder
     check_places(args)
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
+    if args.epochs is not None:
+        check_epochs(args)
     if args.loader_only:
-        if not args.loader:
-            raise ConfigError("--loader-only needs --loader MODULE:CALLABLE")
-        from runner.loader_only import main as loader_only
-
-        return loader_only(args)
+        return _loader_only(args)
     if args.num_devices:
         raise ConfigError("--num-devices is for --loader-only; a run's devices are --num-gpus")
     registry.refuse_limits(framework, args)  # flags this framework's trainer cannot honour
     cfg = config_from(args, paths)
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
+    comparison = check_compare(args, grid, cfg, framework)  # --compare: OLD read, before anything runs
     if grid is not None:
         cfg.paths = grid.get("paths", cfg.paths)
         cfg.num_gpus = max(grid.get("num_gpus", [cfg.num_gpus or 1]))  # check the largest against the machine
@@ -403,7 +431,56 @@ def _main(argv: list[str]) -> int:
     trainer = plugin.load(framework, args)
     if task is not None:  # a task of a TensorFlow cluster: the cluster's own run and report
         return trainer.run_task(cfg, task)
-    return run.main(trainer, cfg, base, grid, args.out, args.bench)
+    return compared(comparison, run.main(trainer, cfg, base, grid, args.out, args.bench))
+
+
+def check_compare(args, grid: dict | None, cfg, framework: str) -> tuple[str, str] | None:
+    """--compare OLD.json: (OLD, the file the run's results go to), once OLD reads as a result that the run's
+    given flags do not already differ from (ConfigError, CompareError: one line); None without --compare."""
+    if not args.compare:
+        return None
+    import os
+
+    from core.errors import ConfigError
+    from profiler.compare import CompareError, difference, load, refusal
+    from runner import cluster_spec
+
+    for flag, given in (("--sweep", grid is not None), ("--find-capacity", args.find_capacity),
+                        ("--bench", args.bench), ("--local-cluster", args.local_cluster),
+                        (f"--variable-update {cfg.variable_update}", cfg.variable_update in cluster_spec.MODES)):  # fmt: skip
+        if given:
+            raise ConfigError(f"--compare and {flag}: a comparison is of one run's paths on one machine; drop one")
+    if not args.json_path and not args.out:
+        raise ConfigError("--compare needs --json FILE or --out DIR: where the run's results go, to be compared")
+    new = args.json_path or os.path.join(args.out, "results.json")
+    if diff := difference(load(args.compare), {"framework": framework, "config": cfg.to_dict()}, given_only=True):
+        raise CompareError(refusal(args.compare, "this run", diff))
+    return args.compare, new
+
+
+def compared(comparison: tuple[str, str] | None, code: int) -> int:
+    """The run's exit code, or, after a run that succeeded, the comparison's (1: a path slower beyond noise)."""
+    if comparison is None or code != 0:
+        return code
+    from profiler.compare import compare_files
+
+    print()
+    return compare_files(*comparison)
+
+
+def _loader_only(args) -> int:
+    """--loader-only: the worker sweep, or with --epochs the epoch report; no trainer."""
+    from core.errors import ConfigError
+
+    if not args.loader:
+        raise ConfigError("--loader-only needs --loader MODULE:CALLABLE")
+    if args.epochs is not None:
+        from runner.loader_epochs import main as loader_epochs
+
+        return loader_epochs(args)
+    from runner.loader_only import main as loader_only
+
+    return loader_only(args)
 
 
 def _check_swept_rates(grid: dict, cfg) -> None:

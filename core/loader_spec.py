@@ -153,7 +153,11 @@ class LoaderSpec:
         stem = os.path.splitext(os.path.basename(path))[0]
         folder = os.path.dirname(path)
         mod_name = stem
-        if not stem.isidentifier() or stem in sys.modules or importlib.util.find_spec(stem) is not None:
+        # Another module of that name is in the way; this very file, found through a folder an earlier
+        # import put on sys.path (which spawned processes inherit), is not.
+        found = importlib.util.find_spec(stem) if stem.isidentifier() and stem not in sys.modules else None
+        theirs = found is not None and os.path.abspath(found.origin or "") != path
+        if not stem.isidentifier() or stem in sys.modules or theirs:
             mod_name = "feedbench_loader_" + "".join(c if c.isalnum() else "_" for c in stem)
         elif folder not in sys.path and not _shadows_project(folder):
             sys.path.append(folder)
@@ -282,20 +286,29 @@ def allow_children() -> None:
         mp.set_start_method(default, force=True)
 
 
+WORKER_LOG_ENV = "FEEDBENCH_WORKER_LOG"  # a file each DataLoader worker appends "pid id began ready" to
+
+
 def _dataloader_worker_init(user_init: Callable[[int], None] | None, worker_id: int) -> None:
     """A DataLoader worker forked from feedbench takes SIGTERM and SIGINT the default way.
 
     It would otherwise inherit the handlers (and the blocked mask) of the
     process that forked it, a producer worker or a trainer, and so ignore the
-    SIGTERM its DataLoader sends it at exit.
+    SIGTERM its DataLoader sends it at exit. Where WORKER_LOG_ENV names a
+    file (--epochs), it notes there when it began and when it was ready.
     """
     import signal
 
+    began = time.monotonic()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the DataLoader stops its workers
     if user_init is not None:
         user_init(worker_id)
+    log = os.environ.get(WORKER_LOG_ENV)
+    if log:  # --epochs: when this worker began and became ready (CLOCK_MONOTONIC, the same in every process)
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {worker_id} {began!r} {time.monotonic()!r}\n")
 
 
 def prepare_dataloader(loader: Any) -> Any:
@@ -413,36 +426,64 @@ def sample_order(rng: np.random.Generator, n: int) -> Iterator[int]:
             yield from rng.integers(0, n, size=SHUFFLE_MAX)
 
 
-def raw_iterator(
-    obj: Any, kind: str, batch: int, seed: int, name: str = "", rebuild: Callable[[], Any] | None = None
-) -> Iterator[Any]:
-    """The items the returned object yields, each a batch or a sample (not yet converted).
+def passes(
+    obj: Any, kind: str, seed: int, name: str, rebuild: Callable[[], Any], lazy: bool = False
+) -> Callable[[], Iterator[Any]]:
+    """What begins one pass (an epoch) over the loader: each call starts a new pass and returns its iterator.
 
     A re-iterable object (a DataLoader, a tf.data.Dataset, a DataFlow, a list)
-    is passed over again and again. An iterator or generator is one pass: when
-    it ends, `rebuild()` (calling the loader again) gives the next, as a
-    training loop calls it per epoch, so a finite generator never starves the
-    run; without `rebuild`, one pass only.
+    is passed over again and again; a map-style dataset in a fresh permutation
+    each pass. An iterator or generator is one pass: when it ends, `rebuild()`
+    (calling the loader again) gives the next, as a training loop calls it per
+    epoch. With `lazy`, nothing starts before the first call (a DataFlow's
+    reset_state(), which starts its processes, is part of the first pass), so
+    each pass's start can be timed; else a DataFlow is reset and a DataLoader
+    iterated now, and what they raise is raised here.
     """
     if kind == "tf.data":
-        return _epochs(name, obj.as_numpy_iterator)
+        return obj.as_numpy_iterator
     if kind == "dataflow":
-        obj.reset_state()
-        return _epochs(name, lambda: iter(obj))
+        done = [] if lazy else [obj.reset_state()]
+
+        def dataflow_pass() -> Iterator[Any]:
+            if not done:
+                done.append(obj.reset_state())
+            return iter(obj)
+
+        return dataflow_pass
     if kind == "dataset":
-        n = len(obj)
-        if n <= 0:
-            raise LoaderError(f"loader {name}: its dataset is empty (len {n}): no samples to batch")
+        n = dataset_length(obj, name)
         rng = np.random.default_rng(seed)
-        return (obj[int(i)] for i in sample_order(rng, n))
+        return lambda: (obj[int(i)] for i in rng.permutation(n))
+    if kind == "dataloader" and lazy:
+        return lambda: iter(obj)
     first = iter(obj)
     if first is obj:  # an iterator or a generator: one pass, then a new call per pass
-        if rebuild is None:
-            return first
         calls = itertools.chain([first], (iter(rebuild()) for _ in itertools.count()))
-        return _epochs(name, lambda: next(calls))
-    passes = itertools.chain([first], iter(lambda: iter(obj), None))
-    return _epochs(name, lambda: next(passes))
+        return lambda: next(calls)
+    again = itertools.chain([first], iter(lambda: iter(obj), None))
+    return lambda: next(again)
+
+
+def dataset_length(obj: Any, name: str) -> int:
+    """A map-style dataset's length; an empty one is refused (no samples to batch)."""
+    n = len(obj)
+    if n <= 0:
+        raise LoaderError(f"loader {name}: its dataset is empty (len {n}): no samples to batch")
+    return n
+
+
+def raw_iterator(obj: Any, kind: str, seed: int, name: str, rebuild: Callable[[], Any]) -> Iterator[Any]:
+    """The items the returned object yields, each a batch or a sample (not yet converted), pass after pass.
+
+    A map-style dataset is read in a seeded random order for ever (see
+    `sample_order`); every other loader pass after pass (`passes`).
+    """
+    if kind == "dataset":
+        n = dataset_length(obj, name)
+        rng = np.random.default_rng(seed)
+        return (obj[int(i)] for i in sample_order(rng, n))
+    return _epochs(name, passes(obj, kind, seed, name, rebuild))
 
 
 class Batcher:
@@ -674,20 +715,10 @@ def batches(
     import multiprocessing as mp
 
     before = {p.pid for p in mp.active_children()}
-    allow_children()
     offer = {"batch_size": expect_batch, "image_size": expect_size}
-    obj = spec.build(seed, worker, num_workers, offer, timeout=timeout)
-    kind = kind_of(obj)
-    if kind == "unknown":
-        raise LoaderError(
-            f"loader {spec.name}: returned {type(obj).__name__}; expected an iterable of (images, labels) batches, "
-            "a torch Dataset or DataLoader, a tf.data.Dataset or a tensorpack DataFlow"
-        )
-    if kind == "dataloader":
-        prepare_dataloader(obj)
+    obj, kind, rebuild = made(spec, seed, worker, num_workers, offer, timeout)
     try:
-        rebuild = lambda: spec.build(seed, worker, num_workers, offer, timeout=timeout)  # noqa: E731
-        items = raw_iterator(obj, kind, expect_batch or batch, seed, spec.name, rebuild)
+        items = raw_iterator(obj, kind, seed, spec.name, rebuild)
     except LoaderError:
         raise
     except Exception as e:
@@ -701,6 +732,27 @@ def batches(
         out.close()
         del items, obj
         stop_children(before)
+
+
+def made(
+    spec: LoaderSpec, seed: int, worker: int, num_workers: int, offer: dict, timeout: float
+) -> tuple[Any, str, Callable[[], Any]]:
+    """(the loader's object, its kind, a call that makes it again) in a process that may start its own.
+
+    What it returned must be something feedbench can iterate; a DataLoader's
+    workers get default signal handling (`prepare_dataloader`).
+    """
+    allow_children()
+    obj = spec.build(seed, worker, num_workers, offer, timeout=timeout)
+    kind = kind_of(obj)
+    if kind == "unknown":
+        raise LoaderError(
+            f"loader {spec.name}: returned {type(obj).__name__}; expected an iterable of (images, labels) batches, "
+            "a torch Dataset or DataLoader, a tf.data.Dataset or a tensorpack DataFlow"
+        )
+    if kind == "dataloader":
+        prepare_dataloader(obj)
+    return obj, kind, lambda: spec.build(seed, worker, num_workers, offer, timeout=timeout)
 
 
 def stop_children(keep: set[int]) -> None:

@@ -41,14 +41,20 @@ def make_dataset(
     shard: int = 0,
     num_shards: int = 1,
     parallel: int = 0,
+    repeat: bool = True,
 ) -> tf.data.Dataset:
-    """This worker's shard of the files, shuffled, decoded and augmented in parallel (`parallel` 0: AUTOTUNE)."""
+    """This worker's shard of the files, shuffled, decoded and augmented in parallel (`parallel` 0: AUTOTUNE).
+
+    `repeat`: endlessly (False: one epoch per pass, as `--loader-only --epochs` needs).
+    """
     files, labels = image_list(data)
     calls = parallel or tf.data.AUTOTUNE
     ds = tf.data.Dataset.from_tensor_slices((files, labels))
     if num_shards > 1 and len(files) >= num_shards:
         ds = ds.shard(num_shards, shard)
-    ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
 
     def parse(path, label):
         image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)

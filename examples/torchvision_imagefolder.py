@@ -46,8 +46,13 @@ def make_loader(
     image_size: int = 224,
     num_workers: int = 2,
     seed: int = 0,
+    start_method: str | None = None,
 ) -> DataLoader:
-    """The DataLoader a training script would iterate (feedbench passes each copy its own seed)."""
+    """The DataLoader a training script would iterate (feedbench passes each copy its own seed).
+
+    `start_method`: how its workers start (`spawn`, macOS's and Windows' default, starts each in a fresh
+    interpreter that imports torch again); the platform's own (`fork` on Linux) when None.
+    """
     g = torch.Generator()
     g.manual_seed(seed)
     return DataLoader(
@@ -58,4 +63,5 @@ def make_loader(
         drop_last=True,
         generator=g,
         persistent_workers=num_workers > 0,
+        multiprocessing_context=start_method if num_workers > 0 else None,
     )

@@ -200,6 +200,7 @@ def report(
     from harness import document
     from profiler import report as tables
     from profiler.cluster_report import rank_lines
+    from profiler.first_batch import line as first_batch_line
     from profiler.sweep import rows_of
     from profiler.verdict import verdicts_text
 
@@ -208,6 +209,8 @@ def report(
     if cfg.model == "emulated":
         print(model_words(cfg))
     print(tables.table(results, plugin.devices(cfg), cfg.input_only))
+    if words := first_batch_line(results):
+        print(words)
     if bench and (caveat := tables.cpu_caveat(results, gpus > 0, cfg.model)):
         print(caveat)
     for line in rank_lines(results):

@@ -160,10 +160,14 @@ class Timeline:
         """A path's step clock (a trainer's result `clock`): its steps' images and its timed windows."""
         if not clock:
             return
-        self._steps += [(float(t), int(clock["images_per_step"])) for t in clock["step_ends"]]
+        self.add_steps(clock["step_ends"], [int(clock["images_per_step"])] * len(clock["step_ends"]))
         self._queue += [(float(t), int(n)) for t, n in clock.get("queue") or []]
         for start, end in clock["windows"]:
             self.add_window(label, start, end)
+
+    def add_steps(self, ends: list[float], images: list[int]) -> None:
+        """Batches delivered: each one's end (perf_counter or time.monotonic seconds of this host), its images."""
+        self._steps += [(float(t), int(n)) for t, n in zip(ends, images)]
 
     def add_window(self, label: str, start: float, end: float) -> None:
         """A timed window, in perf_counter seconds of this host."""

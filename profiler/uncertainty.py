@@ -162,14 +162,15 @@ def ratio_interval(
     return math.exp(lo), math.exp(hi), conf, "pairwise ratios"
 
 
-def _windows(result: dict) -> list[float]:
+def window_rates(result: dict) -> list[float]:
+    """A path's images/s per timed window, in the order they ran (the median alone when no windows were kept)."""
     ips = result["images_per_sec"]
     return list(ips.get("repeats") or ips.get("windows") or [ips["median"]])
 
 
 def uncertainty(result: dict, baseline: dict | None, is_baseline: bool = False) -> dict:
     """The `uncertainty` block of one path's result (docs/results.md)."""
-    w = _windows(result)
+    w = window_rates(result)
     lo, hi, conf = median_interval(w)
     med = statistics.median(w)
     steps = (result.get("schedule") or {}).get("timed_steps_per_window")
@@ -191,7 +192,7 @@ def uncertainty(result: dict, baseline: dict | None, is_baseline: bool = False) 
     }
     if is_baseline or baseline is None:
         return out
-    bw = _windows(baseline)
+    bw = window_rates(baseline)
     alternated = result.get("interleaved")
     if alternated:  # --interleave: pairs of runs back to back (harness/interleave.py); their ratios are paired
         w, bw = alternated["images_per_sec"], alternated["baseline_images_per_sec"]

@@ -61,46 +61,58 @@ def worker_counts(max_workers: int) -> list[int]:
     return [*out, max_workers]
 
 
+def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
+    """A worker process's frame around `body`: it dies with its parent, and says the loader's error in one line.
+
+    It exits without finalising: a hung loader's thread must not hold the exit.
+    """
+    parent.die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    try:
+        body()
+    except FeedbenchError as e:
+        status.send(("error", str(e)))
+    except Exception as e:
+        status.send(("error", f"loader {name}: {type(e).__name__}: {e}"))
+    finally:
+        status.close()
+    os._exit(0)
+
+
 def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Connection, first_id: int) -> None:
     """One copy of the loader: iterate it, counting images once the window is open.
 
     `first_id` is the sweep's pid: a worker that starts after the sweep died sees another parent and stops.
     """
-    parent.die_with_parent(signal.SIGTERM)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     base = i * _FIELDS
-    it = None
-    try:
+
+    def body() -> None:
         it = batches(
             opts.spec, opts.batch, seed=worker_seed(opts.seed, i), worker=i, num_workers=workers,
             timeout=opts.timeout, should_stop=lambda: stop.value != 0 or os.getppid() != first_id,
         )  # fmt: skip
-        started = False
-        for images, _labels in it:
-            now = time.perf_counter()
-            shared[base] += 1
-            shared[base + 4] += len(images)  # for the timeline's images/s, outside the window too
-            if started:
-                shared[base + 1] += len(images)
-                shared[base + 3] = now
-            elif go.value:
-                started = True
-                shared[base + 2] = shared[base + 3] = now
-            if stop.value:
-                break
-        else:
-            if not stop.value:
-                status.send(("error", f"loader {opts.spec.name}: ran out of batches during the measurement"))
-    except FeedbenchError as e:
-        status.send(("error", str(e)))
-    except Exception as e:
-        status.send(("error", f"loader {opts.spec.name}: {type(e).__name__}: {e}"))
-    finally:
-        if it is not None:
+        try:
+            started = False
+            for images, _labels in it:
+                now = time.perf_counter()
+                shared[base] += 1
+                shared[base + 4] += len(images)  # for the timeline's images/s, outside the window too
+                if started:
+                    shared[base + 1] += len(images)
+                    shared[base + 3] = now
+                elif go.value:
+                    started = True
+                    shared[base + 2] = shared[base + 3] = now
+                if stop.value:
+                    break
+            else:
+                if not stop.value:
+                    status.send(("error", f"loader {opts.spec.name}: ran out of batches during the measurement"))
+        finally:
             it.close()  # stops the loader's own processes
-        status.close()
-    os._exit(0)  # nothing left to finalise; a hung loader's thread must not hold the exit
+
+    in_worker(opts.spec.name, status, body)
 
 
 def measure(opts: Options, workers: int, timeline: Timeline | None = None) -> dict:
@@ -278,14 +290,22 @@ def main(args) -> int:
     with timeline or contextlib.nullcontext():
         rows, stages = _measure_all(args, spec, opts, counts, timeline)
     doc = loader_report.document(spec.name, rows, demand, stages, os.cpu_count() or 1)
+    return print_and_write(args, doc, loader_report, timeline_files(timeline.document()) if timeline else None)
+
+
+def print_and_write(args, doc: dict, report, extra: dict[str, str | bytes] | None = None) -> int:
+    """The report printed, then the files --json and --out ask for; `report` is the module that words and writes it.
+
+    `extra`: more files for --out (the run's timeline), written with the report's own.
+    """
     print()
-    print(loader_report.text(doc))
+    print(report.text(doc))
     files = []
     if args.json_path:
-        loader_report.write_json(args.json_path, doc)
+        report.write_json(args.json_path, doc)
         files.append(args.json_path)
     if args.out:
-        files += loader_report.write_files(args.out, doc, timeline_files(timeline.document()))
+        files += report.write_files(args.out, doc, extra)
     if files:
         print("\n" + "\n".join(f"wrote {f}" for f in files))
     sys.stdout.flush()

@@ -36,10 +36,19 @@ def test_the_schema_is_itself_valid_and_versioned():
     assert SCHEMA["properties"]["schema_version"]["const"] == SCHEMA_VERSION
 
 
-@pytest.mark.parametrize("framework", ["tf", "torch"])
-def test_every_default_path_of_each_trainer_matches_the_schema(tmp_path, framework):
-    bench(tmp_path, "--framework", framework, *SMALL, "--json", "run.json")
-    doc = json.loads((tmp_path / "run.json").read_text())
+@pytest.fixture(scope="module", params=["tf", "torch"])
+def default_run(request, tmp_path_factory) -> tuple[str, dict, str, float]:
+    """(framework, JSON report, stdout, seconds the run took) of every default path, tiny sizes."""
+    import time
+
+    tmp_path = tmp_path_factory.mktemp(f"default-{request.param}")
+    t0 = time.time()
+    p = bench(tmp_path, "--framework", request.param, *SMALL, "--json", "run.json")
+    return request.param, json.loads((tmp_path / "run.json").read_text()), p.stdout, time.time() - t0
+
+
+def test_every_default_path_of_each_trainer_matches_the_schema(default_run):
+    framework, doc, _, _ = default_run
     check_report(doc)
     assert doc["framework"] == framework and doc["config"]["framework"] == framework
     assert set(doc["paths"]) == {"gpu", "cpu", "python-queue", "python-dataset", "zmq-consume"}
@@ -48,6 +57,23 @@ def test_every_default_path_of_each_trainer_matches_the_schema(tmp_path, framewo
         assert r["schedule"]["timed_windows"] == 2 and r["schedule"]["timed_steps_per_window"] == 3
         assert r["batch"] == 4 and r["bytes_per_image"] == 32 * 32 * 3 + 4
     assert doc["model"] == {"emulated": False, "name": "ResNet-50", "version": "1.5", "input_only": True}
+
+
+def test_every_path_of_each_trainer_reports_its_time_to_the_first_batch(default_run):
+    """Each path's first batch, in the JSON and under the table: positive, within the run, between named events."""
+    from profiler.first_batch import END, START
+
+    framework, doc, stdout, wall = default_run
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("first batch: "))
+    for name, r in doc["paths"].items():
+        fb = r["first_batch"]
+        assert 0 < fb["seconds"] < wall, (name, fb)
+        assert (fb["from"], fb["to"]) == (START, END[framework])
+        assert f"{name} {fb['seconds']:.2f} s" in line, line
+        if framework == "torch":  # the path's figure is the slowest rank's
+            assert fb["per_rank_s"] == [rank["first_batch_s"] for rank in r["ranks"]]
+            assert max(fb["per_rank_s"]) == fb["seconds"] and min(fb["per_rank_s"]) > 0
+    assert f"(from {START} to {END[framework]})" in line
 
 
 def test_a_sweep_matches_the_schema(tmp_path):

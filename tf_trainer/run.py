@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +29,7 @@ from core.errors import ConfigError, InputError
 from frameworks.tf_env import import_tf
 from harness.schedule import PROFILED_STEPS, Schedule
 from models.tf.input_only import InputOnlyModel
+from profiler import first_batch
 from profiler.progress import RunProgress
 from profiler.telemetry import add_common_fields
 from runner import shutdown
@@ -347,6 +349,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
         with built.graph.as_default():
             if run_dir is not None:
                 run_dir.make()
+            opened = time.perf_counter()  # the path's start, for its time to the first batch
             built.path.open()
             if built.path.needs_producers:
                 group = built.path.producers = start_producers(cfg, built.path.endpoint, run_dir and run_dir.name)
@@ -355,7 +358,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             timer, callbacks = _callbacks(built, group, list(extra_callbacks))
             _train(built, callbacks, has_gpu, group)
             _check_complete(built, timer, group)
-            return _result(built, timer, callbacks)
+            return _result(built, timer, callbacks, opened)
     finally:
         if group is not None:
             group.stop()
@@ -368,10 +371,11 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             release_endpoint()
 
 
-def _result(built: Built, timer: StepTimer, callbacks: list[Callback]) -> dict:
+def _result(built: Built, timer: StepTimer, callbacks: list[Callback], opened: float) -> dict:
     """The path's result dict (docs/results.md): timing figures, accounting, each stage's telemetry."""
     cfg = built.cfg
     result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus)
+    result["first_batch"] = first_batch.figure("tf", timer.ends[0] - opened)
     result.update(built.path.result_fields())
     telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)
     if telemetry is not None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from profiler import first_batch
 from profiler.summary import Summary
 
 
@@ -47,6 +48,8 @@ class RankTimer:
     losses: list = field(default_factory=list)
     window_walls: list[float] = field(default_factory=list)
     device_marks: list = field(default_factory=list)  # (event before next(), event after) per step, CUDA only
+    opened: float | None = None  # the path's input opening (profiler/first_batch.py)
+    first_batch_at: float | None = None  # next() returned the first batch
 
     @staticmethod
     def mark(cuda: bool):
@@ -89,6 +92,7 @@ class RankTimer:
             "wait_ms": (waits * 1e3).tolist(),
             "final_loss": losses[-1] if losses else float("nan"),
             "loss_finite": bool(losses) and all(math.isfinite(x) for x in losses),
+            "first_batch_s": self.first_batch_at - self.opened,
             "step_ends": list(self.ends),  # perf_counter: CLOCK_MONOTONIC, the parent's clock too
             "window_spans": [
                 [self.starts[a], self.ends[a + self.steps - 1]]
@@ -129,6 +133,7 @@ def combine(ranks: list[dict], batch: int, steps: int) -> dict:
                 "input_wait_ms_mean": statistics.mean(r["wait_ms"]) if r["wait_ms"] else None,
                 "step_time_ms": _percentiles(r["step_ms"]),
                 "final_loss": r["final_loss"],
+                "first_batch_s": r["first_batch_s"],
             }
         )
     # Every rank's measured steps together: the run's input share, as the TensorFlow profiler defines it.
@@ -161,6 +166,9 @@ def combine(ranks: list[dict], batch: int, steps: int) -> dict:
         "ranks": per_rank,
         "straggler": straggler,
         "telemetry": telemetry,
+        "first_batch": first_batch.figure(
+            "torch", max(p["first_batch_s"] for p in per_rank), [p["first_batch_s"] for p in per_rank]
+        ),
         "clock": clock(ranks, batch),
     }
 

@@ -77,6 +77,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     prepared = _preparer(cfg)
     train_step = _stepper(cfg, ctx, model, opt, scaler, amp)
     try:
+        timer.opened = time.perf_counter()  # the path's start, for its time to the first batch
         path.open(ctx)
         _run_steps(
             cfg, ctx, path, timer, lambda images, labels: train_step(prepared(images), labels), sync_debug,
@@ -168,6 +169,8 @@ def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | No
         images, labels = path.next()
         after = timer.mark(cuda)  # done when the batch is there too: the device waited in between
         t1 = time.perf_counter()
+        if step == 0:
+            timer.first_batch_at = t1
         loss = step_on(images, labels)
         timer.losses.append(loss.detach())
         if timer.window_end(step):
