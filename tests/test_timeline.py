@@ -95,6 +95,20 @@ def test_a_loader_only_run_writes_its_timeline(procs, tmp_path):
     assert max(r["stages"]["loader"].get("images_per_sec", 0) for r in doc["samples"]) > 0
 
 
+def test_an_epoch_report_writes_its_timeline(procs, tmp_path):
+    """--loader-only --epochs: each epoch a window, every batch of both epochs in the loader's images/s."""
+    loader = tmp_path / "finite_loader.py"
+    loader.write_text(
+        "import time\nimport numpy as np\n\ndef batches():\n    for _ in range(800):\n        time.sleep(0.002)\n"
+        "        yield np.ones((2, 8, 8, 3), np.uint8), np.arange(2)\n"
+    )
+    out = tmp_path / "out"
+    run(procs, "--loader", f"{loader}:batches", "--loader-only", "--epochs", "2", "--out", str(out))
+    assert {p.name for p in out.iterdir()} >= {"loader-epochs.json", "timeline.json", "timeline.png"}
+    doc = check_timeline(out, {"loader"}, ["epoch 1", "epoch 2"])
+    assert delivered(doc, "loader") == pytest.approx(2 * 800 * 2)
+
+
 def test_no_out_no_timeline_and_a_run_without_out_is_unchanged(procs, tmp_path):
     """The timeline comes with --out; --json alone writes the report only, with no step clock in it."""
     js = tmp_path / "r.json"
