@@ -59,11 +59,13 @@ def timeline_png(doc: dict, title: str = "") -> bytes:
             if xs:
                 # A rate or CPU figure covers the second before its sample; memory is read at the sample.
                 step = "default" if key == "rss_mb" else "steps-pre"
+                if step != "default":  # the first sample covers the run's first second
+                    xs, ys = [0.0, *xs], [ys[0], *ys]
                 ax.plot(xs, ys, ".-", color=f"C{j}", linewidth=1.2, markersize=3, drawstyle=step)
+                ax.set_ylim(0, max(ys) * 1.12 or 1.0)  # a flat line stays clear of the frame
             else:
                 ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
             ax.set_xlim(0, end)
-            ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             if i == 0:
                 ax.set_title(words)
