@@ -70,7 +70,9 @@ class Timeline:
         self._queue: list[tuple[float, int]] = []  # (monotonic end of a step, batches its queue held)
         self._pid = os.getpid()
         self._procs: dict[int, psutil.Process] = {}
-        self._cpu: dict[int, float] = {}  # CPU seconds of each process at the last sample
+        self._cpu: dict[int, float] = {}  # CPU seconds of each process (and its reaped children) at the last sample
+        self._parent: dict[int, int] = {}  # each process's parent at the last sample
+        self._parent_now: dict[int, int] = {}  # ... and at the sample being taken
         self._last = time.perf_counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,6 +113,7 @@ class Timeline:
         """
         me = self._procs.setdefault(self._pid, psutil.Process(self._pid))
         out, stage_of = [(me, self.main_stage, None)], {self._pid: self.main_stage}
+        self._parent_now = {}
         try:
             children = me.children(recursive=True)
         except psutil.Error:
@@ -121,6 +124,7 @@ class Timeline:
                 parent, cmd = c.ppid(), c.cmdline()
             except psutil.Error:
                 continue
+            self._parent_now[c.pid] = parent
             stage = stage_of.get(parent, self.main_stage)
             producer = stage != PRODUCERS and _is_producer(cmd)
             stage_of[c.pid] = PRODUCERS if producer else stage
@@ -135,16 +139,22 @@ class Timeline:
         seconds, self._last = now - self._last, now
         self._procs = {p.pid: p for p, _, _ in tree}  # forget processes that ended
         cpu_before, self._cpu = self._cpu, {}
+        counted = _reaped(cpu_before, self._parent, {p.pid for p, _, _ in tree})
+        self._parent = self._parent_now
         for proc, stage, stats in tree:
             try:
                 with proc.oneshot():
                     times, rss = proc.cpu_times(), proc.memory_info().rss
             except psutil.Error:
                 continue
-            # A process first seen now started since the last sample: all its CPU time is this second's.
-            self._cpu[proc.pid] = times.user + times.system
+            # As profiler/cpu.py:tree_cpu_seconds counts: a process's own CPU and that of the children it
+            # reaped (a DataLoader's workers that end with each pass). What a reaped child had already
+            # been counted with is taken off its parent's rise. A process first seen now started since
+            # the last sample: all its CPU time is this second's.
+            self._cpu[proc.pid] = times.user + times.system + times.children_user + times.children_system
+            rise = self._cpu[proc.pid] - cpu_before.get(proc.pid, 0.0) - counted.get(proc.pid, 0.0)
             s = stages.setdefault(stage, _empty())
-            s["cpu_cores"] += (self._cpu[proc.pid] - cpu_before.get(proc.pid, 0.0)) / seconds if seconds > 0 else 0.0
+            s["cpu_cores"] += max(0.0, rise) / seconds if seconds > 0 else 0.0
             s["rss_mb"] += rss / 1e6
             s["processes"] += 1
             if stats:
@@ -188,6 +198,24 @@ class Timeline:
             "samples": rows,
             "windows": sorted(self.windows, key=lambda w: w["start"]),
         }
+
+
+def _reaped(cpu: dict[int, float], parent: dict[int, int], alive: set[int]) -> dict[int, float]:
+    """{living process: CPU seconds already counted for its descendants that ended since the last sample}.
+
+    An ended process's CPU moves into the `children_*` of the one that reaped it (its parent, or the
+    nearest living ancestor when the parent ended too): that part was counted before and must not be again.
+    """
+    counted: dict[int, float] = {}
+    for pid, seconds in cpu.items():
+        if pid in alive:
+            continue
+        up = parent.get(pid)
+        while up is not None and up not in alive:
+            up = parent.get(up)
+        if up is not None:
+            counted[up] = counted.get(up, 0.0) + seconds
+    return counted
 
 
 def _empty() -> dict:

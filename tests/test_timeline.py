@@ -116,3 +116,25 @@ def test_no_out_no_timeline_and_a_run_without_out_is_unchanged(procs, tmp_path):
         "--json", str(js))  # fmt: skip
     assert "clock" not in json.loads(js.read_text())["paths"]["gpu"]
     assert not list(Path(ROOT).glob("timeline.*")) and not list(tmp_path.glob("timeline.*"))
+
+
+def test_cpu_of_processes_that_ended_between_samples_is_counted():
+    """A DataLoader without persistent_workers starts and reaps its workers every pass: their CPU must be in
+    the timeline as in --loader-only's figures (profiler/cpu.py), not lost with the process."""
+    import resource
+    import subprocess
+    import sys
+
+    from profiler.timeline import Timeline
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass\n"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with Timeline("loader") as timeline:
+        for _ in range(4):  # each one started, run and reaped between or across samples
+            subprocess.run([sys.executable, "-c", burn], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    rows = timeline.document()["samples"]
+    counted = sum(r["stages"]["loader"]["cpu_cores"] * (r["t"] - (rows[i - 1]["t"] if i else 0.0))
+                  for i, r in enumerate(rows))  # fmt: skip
+    assert children >= 1.2 and counted >= 0.95 * children, (counted, children)

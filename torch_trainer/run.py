@@ -140,11 +140,10 @@ def _stepper(cfg: BenchConfig, ctx, model, opt, scaler, amp):
 
 
 def _emulated(model):
-    """The emulated device inside `model` (under DDP or torch.compile), or None for a real model."""
+    """The emulated device inside `model` (under DDP or torch.compile, whichever wraps it), or None."""
     from models.torch import EmulatedDevice
 
-    inner = getattr(getattr(model, "module", model), "_orig_mod", getattr(model, "module", model))
-    return inner if isinstance(inner, EmulatedDevice) else None
+    return next((m for m in model.modules() if isinstance(m, EmulatedDevice)), None)
 
 
 def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | None, emulated=None) -> None:
