@@ -273,6 +273,16 @@ def _add_loader_flags(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--no-stages", action="store_true", help="--loader-only: skip the per-stage timing")
     g.add_argument(
+        "--tune", action="store_true",
+        help="--loader-only: the smallest setting of the loader (a DataLoader's num_workers, prefetch_factor, "
+        "persistent_workers, pin_memory; tf.data's num_parallel_calls, prefetch, private_threadpool_size; a "
+        "DataFlow's num_proc) that meets --emulate/--num-devices or --target-rate, as the line to paste",
+    )  # fmt: skip
+    g.add_argument(
+        "--target-rate", type=positive_float, metavar="IMAGES_PER_SEC",
+        help="--loader-only: the rate the loader should give (instead of --emulate/--num-devices)",
+    )  # fmt: skip
+    g.add_argument(
         "--epochs", type=positive_int, metavar="N",
         help="--loader-only: instead of the sweep, one copy of the loader through N whole epochs: each epoch's "
         "first batch, worker start-up and rate, and the rate per second across each epoch's end (a DataLoader "
@@ -320,9 +330,29 @@ def check_epochs(args) -> None:
             "a trainer run reports each path's first batch by itself"
         )
     sweep = [f for f, v in (("--loader-workers", args.loader_workers), ("--emulate", args.emulate),
-                            ("--emulate-rate", args.emulate_rate), ("--num-devices", args.num_devices)) if v]  # fmt: skip
+                            ("--emulate-rate", args.emulate_rate), ("--num-devices", args.num_devices),
+                            ("--target-rate", args.target_rate)) if v]  # fmt: skip
     if sweep:
         raise ConfigError(f"--epochs runs one copy of the loader, not the worker sweep: drop {', '.join(sweep)}")
+
+
+def check_tune(args) -> None:
+    """--tune and --target-rate belong to --loader-only; --tune needs one demand and is not the epoch report."""
+    from core.errors import ConfigError
+
+    flag = "--tune" if args.tune else f"--target-rate {args.target_rate:g}"
+    if not args.loader_only:
+        raise ConfigError(f"{flag}: only with --loader-only --loader MODULE:CALLABLE (the loader measured alone)")
+    if args.tune and args.epochs is not None:
+        raise ConfigError(f"--tune and --epochs {args.epochs}: the settings search or the epoch report; choose one")
+    emulated = [f for f, v in (("--emulate", args.emulate), ("--emulate-rate", args.emulate_rate is not None),
+                               ("--num-devices", args.num_devices)) if v]  # fmt: skip
+    if args.target_rate is not None and emulated:
+        raise ConfigError(f"--target-rate and {', '.join(emulated)}: one demand; choose one")
+    if args.tune and args.target_rate is None and not emulated:
+        raise ConfigError(
+            "--tune needs a demand to meet: --emulate NAME --num-devices N, or --target-rate IMAGES_PER_SEC"
+        )
 
 
 def config_from(args, paths: dict):
@@ -399,6 +429,8 @@ def _main(argv: list[str]) -> int:
         args.loader = absolute_target(args.loader)  # producers and ranks run in the project's folder
     check_places(args)
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
+    if args.tune or args.target_rate is not None:
+        check_tune(args)
     if args.epochs is not None:
         check_epochs(args)
     if args.loader_only:
@@ -478,6 +510,10 @@ def _loader_only(args) -> int:
         from runner.loader_epochs import main as loader_epochs
 
         return loader_epochs(args)
+    if args.tune:
+        from runner.loader_tune import main as loader_tune
+
+        return loader_tune(args)
     from runner.loader_only import main as loader_only
 
     return loader_only(args)

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from core import loader_settings
 from core.errors import FeedbenchError
 
 DEFAULT_TIMEOUT = 60.0  # seconds a loader may take for one batch (the first included) before it is called hung
@@ -105,6 +106,8 @@ class LoaderSpec:
 
     target: str  # "path/to/file.py:make" or "package.module:make"
     args: tuple[tuple[str, Any], ...] = field(default=())
+    # --tune: the DataLoader it returns is made again with these (core/loader_settings.py `rebuild`)
+    settings: tuple[tuple[str, Any], ...] = field(default=())
 
     @classmethod
     def parse(cls, target: str, arg_texts: list[str] | tuple[str, ...] | None = None) -> LoaderSpec:
@@ -750,6 +753,10 @@ def made(
             f"loader {spec.name}: returned {type(obj).__name__}; expected an iterable of (images, labels) batches, "
             "a torch Dataset or DataLoader, a tf.data.Dataset or a tensorpack DataFlow"
         )
+    if spec.settings:
+        if kind != "dataloader":
+            raise LoaderError(f"loader {spec.name}: returned a {kind}, not a DataLoader whose settings --tune sets")
+        obj = loader_settings.rebuild(obj, dict(spec.settings), spec.name)
     if kind == "dataloader":
         prepare_dataloader(obj)
     return obj, kind, lambda: spec.build(seed, worker, num_workers, offer, timeout=timeout)

@@ -40,15 +40,20 @@ def make_dataset(
     seed: int = 0,
     shard: int = 0,
     num_shards: int = 1,
-    parallel: int = 0,
     repeat: bool = True,
+    num_parallel_calls: int = 0,
+    prefetch: int = 0,
+    private_threadpool_size: int = 0,
 ) -> tf.data.Dataset:
-    """This worker's shard of the files, shuffled, decoded and augmented in parallel (`parallel` 0: AUTOTUNE).
+    """This worker's shard of the files, shuffled, decoded and augmented in parallel.
 
-    `repeat`: endlessly (False: one epoch per pass, as `--loader-only --epochs` needs).
+    `repeat`: endlessly (False: one epoch per pass, as `--loader-only --epochs` needs). The settings
+    `--loader-only --tune` searches: `num_parallel_calls` of the decoding map and the batches to
+    `prefetch` (0: AUTOTUNE), and the `private_threadpool_size` the pipeline runs on (0: TensorFlow's
+    shared pool).
     """
     files, labels = image_list(data)
-    calls = parallel or tf.data.AUTOTUNE
+    calls = num_parallel_calls or tf.data.AUTOTUNE
     ds = tf.data.Dataset.from_tensor_slices((files, labels))
     if num_shards > 1 and len(files) >= num_shards:
         ds = ds.shard(num_shards, shard)
@@ -73,4 +78,9 @@ def make_dataset(
         return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8), tf.cast(label, tf.int32)
 
     ds = ds.map(parse, num_parallel_calls=calls).batch(batch_size, drop_remainder=True)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    ds = ds.prefetch(prefetch or tf.data.AUTOTUNE)
+    if private_threadpool_size:
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = private_threadpool_size
+        ds = ds.with_options(options)
+    return ds

@@ -92,6 +92,23 @@ def tree_cpu_seconds(pid: int) -> float | None:
     return total
 
 
+def tree_rss_bytes(pid: int) -> int | None:
+    """Resident memory of a process and every process it started (summed: pages they share count in each),
+    or None if it is gone; the figure the timeline draws per stage."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
 @dataclass
 class Snapshot:
     at: float

@@ -34,6 +34,13 @@ class Demand:
         return self.images_per_sec * self.devices
 
 
+def demand_words(d: dict) -> str:
+    """A demand as the tables say it: `8 x H100 at 7000 img/s = 56000 img/s`, or the target rate."""
+    if d["device"] == "target":
+        return f"{d['total_images_per_sec']:.0f} img/s ({d['source']})"
+    return f"{d['devices']} x {d['device']} at {d['images_per_sec']:.0f} img/s = {d['total_images_per_sec']:.0f} img/s"
+
+
 def needs(rows: list[dict], demand: Demand) -> dict:
     """Workers and cores the demand needs, extrapolated from the largest measured point."""
     top = max(rows, key=lambda r: r["workers"])
@@ -88,9 +95,7 @@ def text(doc: dict) -> str:
     ]
     d, n = doc.get("demand"), doc.get("needs")
     if d and n:
-        words = (
-            f"{d['devices']} x {d['device']} at {d['images_per_sec']:.0f} img/s = {d['total_images_per_sec']:.0f} img/s"
-        )
+        words = demand_words(d)
         out.append("")
         if n["enough_as_measured"]:
             out.append(f"feeds {words}: measured {n['measured_best_images_per_sec']:.0f} img/s")
@@ -152,7 +157,7 @@ def plot_png(doc: dict) -> bytes:
     d, n = doc.get("demand"), doc.get("needs")
     if d and n:
         ax.axhline(d["total_images_per_sec"], color="red", linestyle="--",
-                   label=f"demand: {d['devices']} x {d['device']} ({d['total_images_per_sec']:.0f} img/s)")  # fmt: skip
+                   label=f"demand: {demand_words(d)}")  # fmt: skip
         if n["workers_needed"] and n["workers_needed"] > max(xs):
             ax.annotate(
                 f"needs ~{n['workers_needed']} workers (extrapolated)",

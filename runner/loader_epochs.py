@@ -29,11 +29,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from core.loader_spec import WORKER_LOG_ENV, Batcher, LoaderError, LoaderSpec, guarded, made, passes, stop_children
-from producers.launcher import stop_workers
 from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
 from runner import shutdown
-from runner.loader_only import LOADER_STAGE, Options, in_worker, print_and_write, private_tmpdir
+from runner.loader_only import LOADER_STAGE, Options, in_worker, print_and_write, private_tmpdir, stop_trees
 
 INFINITE = -1  # tf.data's cardinality of a dataset that repeats for ever (tf.data.INFINITE_CARDINALITY)
 
@@ -131,14 +130,14 @@ def run_once(opts: Options, epochs: int, persistent: bool | None, folder: str, p
     procs, readers = [proc], [reader]
 
     def stop_all() -> None:
-        stop_workers(procs, readers, stop)
+        stop_trees(procs, readers, stop)
 
     shutdown.register(stop_all)  # Ctrl-C or SIGTERM: the process stops its loader (DataLoader workers too)
     try:
         proc.start()
         writer.close()
         out: dict = {"loader": None, "passes": []}
-        for kind, body in _messages(opts.spec.name, proc, reader):
+        for kind, body in messages(opts.spec.name, proc, reader):
             if kind == "loader":
                 out["loader"] = body
             elif kind == "epoch":
@@ -149,21 +148,21 @@ def run_once(opts: Options, epochs: int, persistent: bool | None, folder: str, p
         return out
     finally:
         shutdown.unregister(stop_all)
-        stop_workers(procs, readers, stop)
+        stop_all()
 
 
-def _messages(name: str, proc, reader: Connection) -> Iterator[tuple[str, dict]]:
-    """The epoch process's messages until it is done; its error, or its death, as a LoaderError."""
+def messages(name: str, proc, reader: Connection, what: str = "the epoch process") -> Iterator[tuple[str, dict]]:
+    """A loader process's messages until it is done; its error, or its death, as a LoaderError."""
     while True:
         if not reader.poll(0.1):
             if not proc.is_alive():
-                raise LoaderError(f"loader {name}: the epoch process died (exit code {proc.exitcode})")
+                raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})")
             continue
         try:
             kind, body = reader.recv()
         except (EOFError, OSError):
             proc.join(5)
-            raise LoaderError(f"loader {name}: the epoch process died (exit code {proc.exitcode})") from None
+            raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})") from None
         if kind == "error":
             raise LoaderError(body)
         if kind == "done":

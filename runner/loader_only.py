@@ -24,19 +24,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from core.errors import FeedbenchError
+import psutil
+
+from core.errors import ConfigError, FeedbenchError
 from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches
 from producers import parent
 from producers.launcher import stop_workers
 from producers.loader import worker_seed
-from profiler.cpu import tree_cpu_seconds
+from profiler.cpu import tree_cpu_seconds, tree_rss_bytes
+from profiler.loader_report import Demand
 from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
+from profiler.uncertainty import median_interval
 from runner import shutdown
 
 # Per worker, in shared memory: batches so far, images in the window, window start, last batch end, images so far.
 _FIELDS = 5
 WARMUP_BATCHES = 2
+SLICES = 8  # a window's slices, for the interval of its rate (min-max of 8: 99% for the median)
 LOADER_STAGE = "loader"  # the timeline's stage: the loader's workers and their own processes
 
 
@@ -115,10 +120,11 @@ def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Conne
     in_worker(opts.spec.name, status, body)
 
 
-def measure(opts: Options, workers: int, timeline: Timeline | None = None) -> dict:
-    """One point: `workers` copies of the loader; images/s in total and per worker, and CPU cores used.
+def measure(opts: Options, workers: int, timeline: Timeline | None = None, label: str | None = None) -> dict:
+    """One point: `workers` copies of the loader; images/s in total and per worker, CPU cores and memory used,
+    and the interval of the rate from the window's slices.
 
-    `timeline`: counts the point's images (after the earlier points') and gets its window.
+    `timeline`: counts the point's images (after the earlier points') and gets its window, named `label`.
     """
     spawn = mp.get_context("spawn")
     shutdown.start_resource_tracker()
@@ -129,7 +135,7 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None) -> di
     procs, readers = [], []
 
     def stop_all() -> None:
-        stop_workers(procs, readers, stop)
+        stop_trees(procs, readers, stop)
 
     shutdown.register(stop_all)  # Ctrl-C or SIGTERM: the workers stop their loaders (DataLoader workers too)
     try:
@@ -155,9 +161,11 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None) -> di
         cpu0 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
         t0 = time.perf_counter()
         go.value = 1
+        slices = _Slices(shared, workers, opts.seconds / SLICES)
         end = time.monotonic() + opts.seconds
         while time.monotonic() < end:
             check()
+            slices.tick([p.pid for p in procs])
             time.sleep(0.02)
         # Every worker must have finished at least one full batch inside the window.
         _wait_until(
@@ -167,12 +175,72 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None) -> di
         stop.value = 1
         wall = time.perf_counter() - t0
         if timeline is not None:
-            timeline.add_window(f"{workers} worker(s)", t0, t0 + wall)
+            timeline.add_window(label or f"{workers} worker(s)", t0, t0 + wall)
         cpu1 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
-        return _point(shared, workers, wall, cpu0, cpu1)
+        return {**_point(shared, workers, wall, cpu0, cpu1), **slices.figures()}
     finally:
         shutdown.unregister(stop_all)
-        stop_workers(procs, readers, stop)
+        stop_all()
+
+
+def stop_trees(procs: list, readers: list[Connection], stop) -> None:
+    """stop_workers, then whatever the workers' loaders started that outlived them.
+
+    A worker that was killed (it did not stop its loader within the grace) leaves its loader's own
+    processes behind where they do not watch their parent (a DataFlow's MultiProcessRunnerZMQ without
+    python-prctl); they are killed here, by the identity psutil took of them before.
+    """
+    kids = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error, ValueError):
+            kids += psutil.Process(p.pid).children(recursive=True)
+    stop_workers(procs, readers, stop)
+    for k in kids:
+        with contextlib.suppress(psutil.Error):
+            k.kill()
+
+
+class _Slices:
+    """The window cut into slices at batch boundaries, for the rate's interval; and the peak resident memory.
+
+    A slice ends at a tick once every worker has finished a batch since the last slice ended and `length`
+    seconds have passed: its rate is each worker's images between its own batch boundaries over their
+    time, summed, so no slice has a partial batch's error.
+    """
+
+    def __init__(self, shared, workers: int, length: float) -> None:
+        self.shared, self.workers, self.length = shared, workers, length
+        self.anchor = [self._at(i) for i in range(workers)]
+        self.rates: list[float] = []
+        self.peak_rss, self.next_rss, self.opened = 0.0, 0.0, time.monotonic()
+
+    def _at(self, i: int) -> tuple[float, float]:
+        """(images counted in the window, when its last batch ended) for worker `i`."""
+        return self.shared[i * _FIELDS + 1], self.shared[i * _FIELDS + 3]
+
+    def tick(self, pids: list[int]) -> None:
+        now = time.monotonic()
+        if now >= self.next_rss:  # resident memory twice a second: a /proc walk of each worker's tree
+            self.peak_rss = max(self.peak_rss, sum(tree_rss_bytes(p) or 0 for p in pids))
+            self.next_rss = now + 0.5
+        at = [self._at(i) for i in range(self.workers)]
+        if any(a[1] == 0 for a in self.anchor):  # a worker's window opens at its first batch boundary
+            self.anchor = [x if a[1] == 0 else a for x, a in zip(at, self.anchor, strict=True)]
+            return
+        if now - self.opened < self.length or any(x[1] <= a[1] for x, a in zip(at, self.anchor, strict=True)):
+            return
+        self.rates.append(sum((n - a[0]) / (t - a[1]) for (n, t), a in zip(at, self.anchor, strict=True)))
+        self.anchor, self.opened = at, now
+
+    def figures(self) -> dict:
+        """The slices' rates, the interval of their median (profiler/uncertainty.py), and the peak memory."""
+        lo, hi, conf = median_interval(self.rates) if self.rates else (None, None, 0.0)
+        return {
+            "slice_rates": self.rates,
+            "interval": [lo, hi] if self.rates else None,
+            "interval_confidence": conf,
+            "rss_mb": self.peak_rss / 1e6,
+        }
 
 
 def _count_into(timeline: Timeline, shared, workers: int) -> None:
@@ -265,19 +333,11 @@ def sweep(opts: Options, counts: list[int], progress=None, timeline: Timeline | 
 
 def main(args) -> int:
     """The CLI of --loader-only (bench_input.py hands over its parsed flags)."""
-    from core.emulate import EmulateError, Emulation
-    from core.errors import ConfigError
     from profiler import loader_report
 
     spec = LoaderSpec.parse(args.loader, args.loader_arg)
     spec.resolve()
-    demand = None
-    if args.emulate or args.emulate_rate is not None or args.num_devices:
-        try:
-            emu = Emulation.of(args.emulate, args.emulate_rate)
-        except EmulateError as e:
-            raise ConfigError(str(e)) from None
-        demand = loader_report.Demand(emu.device, emu.images_per_sec, args.num_devices or 1, emu.source)
+    demand = demand_of(args)
     max_workers = args.loader_workers or os.cpu_count() or 1
     opts = Options(spec, batch=args.batch or 64, seconds=args.loader_seconds, timeout=args.loader_timeout)
     counts = worker_counts(max_workers)
@@ -291,6 +351,21 @@ def main(args) -> int:
         rows, stages = _measure_all(args, spec, opts, counts, timeline)
     doc = loader_report.document(spec.name, rows, demand, stages, os.cpu_count() or 1)
     return print_and_write(args, doc, loader_report, timeline_files(timeline.document()) if timeline else None)
+
+
+def demand_of(args) -> Demand | None:
+    """What the loader should feed: --target-rate, or --emulate/--emulate-rate with --num-devices; None without."""
+    from core.emulate import EmulateError, Emulation
+
+    if args.target_rate is not None:
+        return Demand("target", args.target_rate, 1, f"--target-rate {args.target_rate:g}")
+    if not (args.emulate or args.emulate_rate is not None or args.num_devices):
+        return None
+    try:
+        emu = Emulation.of(args.emulate, args.emulate_rate)
+    except EmulateError as e:
+        raise ConfigError(str(e)) from None
+    return Demand(emu.device, emu.images_per_sec, args.num_devices or 1, emu.source)
 
 
 def print_and_write(args, doc: dict, report, extra: dict[str, str | bytes] | None = None) -> int:
@@ -320,12 +395,14 @@ def _measure_all(args, spec: LoaderSpec, opts: Options, counts: list[int], timel
             lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True),
             timeline,
         )  # fmt: skip
-    stages = None
-    if not args.no_stages:
-        from core.loader_stages import profile
+    return rows, None if args.no_stages else stage_timing(spec, opts.timeout)
 
-        try:
-            stages = profile(spec, seed=0, timeout=opts.timeout)
-        except LoaderError as e:  # the sweep's figures stand; the table says why there are no stages
-            stages = {"loader": spec.name, "stages": [], "note": f"per-stage timing stopped: {e}"}
-    return rows, stages
+
+def stage_timing(spec: LoaderSpec, timeout: float) -> dict:
+    """Where a sample's time goes (core/loader_stages.py); a sample that fails stops only this, said in its note."""
+    from core.loader_stages import profile
+
+    try:
+        return profile(spec, seed=0, timeout=timeout)
+    except LoaderError as e:  # the measured figures stand; the table says why there are no stages
+        return {"loader": spec.name, "stages": [], "note": f"per-stage timing stopped: {e}"}

@@ -1,0 +1,159 @@
+"""What `--loader-only --tune` reports: each setting tried, the line to paste, or the shortfall and its limit.
+
+The line to paste is a call the user's code can take as it is: a
+DataLoader's class over `dataset` with the arguments it was made with
+(those that are literals; its sampler, collate_fn, generator and
+worker_init_fn are named in a comment as kept) and the chosen settings; for
+tf.data or a DataFlow, the loader's callable with its `--loader-arg`s and
+the chosen settings as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+
+from tabulate import tabulate
+
+from core.atomic import atomic_write, write_all
+from core.loader_settings import call_arguments
+from core.loader_spec import LoaderSpec
+from profiler.earlier import write_keeping_earlier
+from profiler.loader_report import Demand, demand_words, stages_text
+
+CORES_BOUND = 0.9  # a setting that used this share of the machine's cores has the cores as its limit
+
+
+def paste_line(spec: LoaderSpec, info: dict, setting: dict) -> str:
+    """The call to paste, with `setting` in it."""
+    if info["kind"] == "dataloader":
+        args = call_arguments(info["arguments"], setting)
+        if not args.get("pin_memory"):
+            args.pop("pin_memory", None)  # the default
+        words = ", ".join(["dataset", *(f"{k}={v!r}" for k, v in args.items())])
+        kept = f"  # and your {', '.join(info['kept'])} as before" if info["kept"] else ""
+        return f"{info['class']}({words}){kept}"
+    fn = spec.target.rpartition(":")[2]
+    args = {**dict(spec.args), **setting}
+    return f"{fn}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+
+
+def _limit(best: dict, stages: dict | None, machine_cores: int) -> dict:
+    """What limits the best setting: the slowest stage of a sample, and whether it used the machine's cores."""
+    slowest = None
+    if stages and stages.get("stages"):
+        top = max(stages["stages"], key=lambda s: s["share"])
+        slowest = {"stage": top["name"], "share": top["share"], "seconds_per_sample": top["seconds_per_sample"]}
+    return {
+        "slowest_stage": slowest,
+        "stages_note": None if slowest else (stages or {}).get("note", "per-stage timing skipped (--no-stages)"),
+        "cores_used": best["cpu_cores"],
+        "cores_bound": best["cpu_cores"] >= CORES_BOUND * machine_cores,
+    }
+
+
+def document(
+    spec: LoaderSpec, info: dict, demand: Demand, tried: list[dict], skipped: list[dict], stages: dict | None,
+    machine_cores: int,
+) -> dict:  # fmt: skip
+    """The JSON of a --tune run; its `tune` block is docs/results.schema.json's loader_tune."""
+    chosen = next((t for t in tried if t["meets"]), None)
+    best = max(tried, key=lambda t: t["images_per_sec"])
+    shortfall = None
+    if chosen is None:
+        ratio = best["images_per_sec"] / demand.total
+        shortfall = {"best": best, "ratio": ratio, "limit": _limit(best, stages, machine_cores)}
+    return {
+        "loader": spec.name,
+        "mode": "loader-tune",
+        "machine_cores": machine_cores,
+        "demand": {**asdict(demand), "total_images_per_sec": demand.total},
+        "tune": {
+            "kind": info["kind"],
+            "class": info["type"],
+            "tried": tried,
+            "not_tried": skipped,
+            "chosen": {**chosen, "line": paste_line(spec, info, chosen["setting"])} if chosen else None,
+            "shortfall": shortfall,
+        },
+        "stages": stages,
+    }
+
+
+def _words(setting: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in setting.items() if v is not None)
+
+
+def _interval(t: dict) -> str:
+    lo_hi = t["interval"]
+    return f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}" if lo_hi else "one slice: none"
+
+
+def _figures(t: dict) -> str:
+    return (
+        f"{t['images_per_sec']:.1f} images/s (interval {_interval(t)}), {t['cpu_cores']:.2f} CPU cores, "
+        f"{t['rss_mb']:.0f} MB resident"
+    )
+
+
+def text(doc: dict) -> str:
+    """The settings tried, what was not tried, then the line to paste or the shortfall and its limit."""
+    tu, d = doc["tune"], doc["demand"]
+    rows = [
+        [_words(t["setting"]), f"{t['images_per_sec']:.1f}", _interval(t), f"{t['cpu_cores']:.2f}",
+         f"{t['rss_mb']:.0f}", "yes" if t["meets"] else "no"]
+        for t in tu["tried"]
+    ]  # fmt: skip
+    headers = ["setting", "images/s", "interval", "CPU cores", "memory MB", "meets"]
+    out = [
+        f"loader {doc['loader']} alone, no trainer, tuned for {demand_words(d)} ({doc['machine_cores']} cores here)",
+        tabulate(rows, headers=headers, disable_numparse=True),
+    ]
+    out += [f"{s['setting']}: not tried: {s['why']}" for s in tu["not_tried"]]
+    out.append("")
+    if tu["chosen"]:
+        c = tu["chosen"]
+        out += [f"the smallest setting that meets it: {_words(c['setting'])}: {_figures(c)}", "", f"    {c['line']}"]
+        return "\n".join(out)
+    s = tu["shortfall"]
+    out.append(
+        f"no setting tried meets {d['total_images_per_sec']:.0f} images/s: the best, {_words(s['best']['setting'])}, "
+        f"gives {_figures(s['best'])}: {s['ratio']:.3g}x the demand ({1 / s['ratio']:.3g}x short)"
+        if s["ratio"] > 0
+        else f"no setting tried meets {d['total_images_per_sec']:.0f} images/s: none delivered a batch"
+    )
+    out.append(_limit_words(s["limit"], doc["machine_cores"]))
+    if (doc.get("stages") or {}).get("stages"):  # the table; where there is none, the line above says why
+        out += ["", stages_text(doc["stages"])]
+    return "\n".join(out)
+
+
+def _limit_words(limit: dict, machine_cores: int) -> str:
+    """The stage that limits the loader, and whether the machine's cores ran out first."""
+    st = limit["slowest_stage"]
+    stage = (
+        f"the limit is the stage {st['stage']} ({100 * st['share']:.0f}% of a sample's time, "
+        f"{1e3 * st['seconds_per_sample']:.2f} ms per sample)"
+        if st
+        else f"no stage named: {limit['stages_note']}"
+    )
+    used = f"the best setting used {limit['cores_used']:.2f} of the machine's {machine_cores} cores"
+    if limit["cores_bound"]:
+        return f"{stage}; {used}: the cores are used up (a cheaper stage, or more cores)"
+    return f"{stage}; {used}: cores were left, so the loader stops short of the machine"
+
+
+def write_json(path: str, doc: dict) -> None:
+    atomic_write(path, json.dumps(doc, indent=2), what=f"--json {path}")
+
+
+def write_files(out: str, doc: dict, extra: dict[str, str | bytes] | None = None) -> list[str]:
+    """tune.json (and `extra`: the timeline) in `out`, all or none; an earlier set there is kept."""
+    os.makedirs(out, exist_ok=True)
+    files = {"tune.json": json.dumps(doc, indent=2), **(extra or {})}
+    return write_keeping_earlier(
+        out,
+        list(files),
+        lambda: write_all({os.path.join(out, n): data for n, data in files.items()}, what=f"--out {out}"),
+    )

@@ -1,0 +1,198 @@
+"""`bench_input.py --loader M:F --loader-only --tune`: the smallest setting of the user's loader that meets a demand.
+
+A fresh process makes the loader once and says what it is (core/loader_settings.py
+`describe`). The grid follows from that: for a torch DataLoader its
+`num_workers` (0, 1, 2, 4, ... up to the machine's cores, or
+`--loader-workers`), and at each count `prefetch_factor` 2 then 4 and
+`persistent_workers` False then True, with `pin_memory` on where a GPU is
+here; for `tf.data` the `num_parallel_calls`, `prefetch` and
+`private_threadpool_size` its callable takes; for a DataFlow its `num_proc`.
+Each setting is one point of the `--loader-only` sweep's measurement
+(runner/loader_only.py `measure`, one copy of the loader), cheapest first;
+the walk stops at the first that meets the demand. Where none does, the
+per-stage timing names the stage that limits it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing as mp
+import os
+from multiprocessing.connection import Connection
+
+from core import loader_settings
+from core.errors import ConfigError
+from core.gpus import nvidia_gpus
+from core.loader_spec import LoaderSpec, kind_of
+from profiler.loader_report import Demand
+from profiler.timeline import Timeline
+from profiler.timeline import out_files as timeline_files
+from runner import shutdown
+from runner.loader_epochs import messages
+from runner.loader_only import (
+    LOADER_STAGE,
+    Options,
+    demand_of,
+    in_worker,
+    measure,
+    print_and_write,
+    private_tmpdir,
+    stage_timing,
+    stop_trees,
+    worker_counts,
+)
+
+NO_GPU = "no NVIDIA GPU here: pinned memory only speeds a batch's copy to a GPU (pin_memory=False throughout)"
+ON_GPU = "a GPU is here: every setting pins its batches (pin_memory=True), as a GPU training loop runs it"
+
+
+def _probe_process(opts: Options, status: Connection, first_id: int) -> None:
+    """The probe: make the loader once and send what it is."""
+
+    def body() -> None:
+        obj = opts.spec.build(opts.seed, 0, 1, {}, timeout=opts.timeout)  # as the user made it, nothing wrapped
+        kind = kind_of(obj)
+        status.send(("loader", loader_settings.describe(obj, kind, opts.spec.resolve(), opts.spec.name)))
+        status.send(("done", {}))
+
+    in_worker(opts.spec.name, status, body)
+
+
+def probe(opts: Options) -> dict:
+    """What the loader is (kind, class, its DataLoader's arguments or its callable's settings), from a fresh
+    process, as every measured setting makes it."""
+    spawn = mp.get_context("spawn")
+    reader, writer = spawn.Pipe(duplex=False)
+    proc = spawn.Process(target=_probe_process, args=(opts, writer, os.getpid()), daemon=True)
+    stop = spawn.RawValue("b", 0)
+
+    def stop_all() -> None:
+        stop_trees([proc], [reader], stop)
+
+    shutdown.register(stop_all)
+    try:
+        proc.start()
+        writer.close()
+        return next(
+            body for kind, body in messages(opts.spec.name, proc, reader, "the probe process") if kind == "loader"
+        )
+    finally:
+        shutdown.unregister(stop_all)
+        stop_all()
+
+
+def _untunable(info: dict, name: str) -> str:
+    """Why --tune has nothing to set on this loader, and what it would need."""
+    what = (
+        "--tune sets a torch DataLoader's num_workers, prefetch_factor, persistent_workers and pin_memory, "
+        "or passes num_parallel_calls, prefetch, private_threadpool_size (tf.data) or num_proc (DataFlow) "
+        "to the callable (docs/loader.md)"
+    )
+    fn = name.rpartition(":")[2]
+    if info["kind"] == "dataset":
+        return f"loader {name}: returns a map-style {info['class']} that feedbench batches itself: no workers to set; return a DataLoader over it ({what})"  # noqa: E501
+    if info["kind"] in loader_settings.KNOBS:
+        knobs = ", ".join(loader_settings.KNOBS[info["kind"]])
+        return f"loader {name}: returns a {info['kind']} ({info['class']}), but {fn} takes none of {knobs} as a keyword argument ({what})"  # noqa: E501
+    return f"loader {name}: returns {info['type']} (a plain iterable): it has no settings to tune ({what})"
+
+
+def dataloader_grid(counts: list[int], gpu: bool) -> list[dict]:
+    """A DataLoader's settings, cheapest first: fewer workers, then fewer batches in flight, then the default
+    persistent_workers=False before True."""
+    grid = [{"num_workers": 0, "prefetch_factor": None, "persistent_workers": None, "pin_memory": gpu}]
+    for n in counts:
+        for prefetch, persistent in ((2, False), (2, True), (4, True)):
+            grid.append(
+                {"num_workers": n, "prefetch_factor": prefetch, "persistent_workers": persistent, "pin_memory": gpu}
+            )
+    return grid
+
+
+def callable_grid(kind: str, knobs: list[str], counts: list[int]) -> list[dict]:
+    """tf.data's or a DataFlow's settings, cheapest first, each with only the keywords its callable takes."""
+    if kind == "dataflow":
+        return [{"num_proc": n} for n in [0, *counts]]
+    grid: list[dict] = []
+    for n in counts:
+        for prefetch in (1, 2):
+            full = {"num_parallel_calls": n, "prefetch": prefetch, "private_threadpool_size": n}
+            setting = {k: v for k, v in full.items() if k in knobs}
+            if setting not in grid:
+                grid.append(setting)
+    return grid
+
+
+def plan(info: dict, name: str, max_parallel: int, gpu: bool) -> tuple[list[dict], list[dict]]:
+    """(the settings to try, cheapest first; the settings not tried and why), or ConfigError where there are none."""
+    counts = worker_counts(max_parallel)
+    if info["kind"] == "dataloader":
+        return dataloader_grid(counts, gpu), [{"setting": "pin_memory", "why": ON_GPU if gpu else NO_GPU}]
+    if info["kind"] in loader_settings.KNOBS and info["knobs"]:
+        fn = name.rpartition(":")[2]
+        missing = [k for k in loader_settings.KNOBS[info["kind"]] if k not in info["knobs"]]
+        skipped = [{"setting": k, "why": f"{fn} does not take it as a keyword argument"} for k in missing]
+        return callable_grid(info["kind"], info["knobs"], counts), skipped
+    raise ConfigError(_untunable(info, name))
+
+
+def spec_with(spec: LoaderSpec, kind: str, setting: dict) -> LoaderSpec:
+    """The loader with `setting`: its DataLoader made again with it, or its callable given it."""
+    if kind == "dataloader":
+        return dataclasses.replace(spec, settings=tuple(setting.items()))
+    return dataclasses.replace(spec, args=tuple({**dict(spec.args), **setting}.items()))
+
+
+def setting_words(setting: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in setting.items() if v is not None)
+
+
+def search(opts: Options, kind: str, grid: list[dict], demand: Demand, timeline: Timeline | None) -> list[dict]:
+    """Each setting measured in turn (one copy of the loader, the sweep's measurement) until one meets the demand."""
+    tried = []
+    for setting in grid:
+        point = measure(
+            dataclasses.replace(opts, spec=spec_with(opts.spec, kind, setting)), 1, timeline, setting_words(setting)
+        )
+        row = {
+            "setting": setting,
+            **{k: point[k] for k in ("images_per_sec", "interval", "interval_confidence", "cpu_cores", "rss_mb")},
+            "window_s": point["window_s"],
+            "meets": point["images_per_sec"] >= demand.total,
+        }
+        tried.append(row)
+        print(
+            f"  {setting_words(setting)}: {row['images_per_sec']:.1f} images/s, {row['cpu_cores']:.2f} CPU cores, "
+            f"{row['rss_mb']:.0f} MB",
+            flush=True,
+        )
+        if row["meets"]:
+            break
+    return tried
+
+
+def main(args) -> int:
+    """The CLI of --loader-only --tune (bench_input.py hands over its parsed flags, checked)."""
+    from profiler import tune_report
+
+    spec = LoaderSpec.parse(args.loader, args.loader_arg)
+    spec.resolve()
+    demand = demand_of(args)
+    opts = Options(spec, batch=args.batch or 64, seconds=args.loader_seconds, timeout=args.loader_timeout)
+    timeline = Timeline(LOADER_STAGE) if args.out else None  # timeline.{json,png} beside tune.json
+    with private_tmpdir(), timeline or contextlib.nullcontext():
+        info = probe(opts)
+        grid, skipped = plan(info, spec.name, args.loader_workers or os.cpu_count() or 1, bool(nvidia_gpus()))
+        print(
+            f"loader {spec.name} ({info['class']}) alone (no trainer): up to {len(grid)} setting(s), "
+            f"{opts.seconds:g} s each, cheapest first, until one gives {demand.total:.0f} images/s",
+            flush=True,
+        )
+        tried = search(opts, info["kind"], grid, demand, timeline)
+    stages = None
+    if not tried[-1]["meets"] and not args.no_stages:
+        stages = stage_timing(spec, opts.timeout)  # which stage limits the loader
+    doc = tune_report.document(spec, info, demand, tried, skipped, stages, os.cpu_count() or 1)
+    extra = timeline_files(timeline.document()) if timeline else None
+    return print_and_write(args, doc, tune_report, extra)
