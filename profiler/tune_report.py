@@ -110,6 +110,7 @@ def text(doc: dict) -> str:
         f"loader {doc['loader']} alone, no trainer, tuned for {demand_words(d)} ({doc['machine_cores']} cores here)",
         tabulate(rows, headers=headers, disable_numparse=True),
     ]
+    out.append("interval: of the median rate of the window's slices (each cut at batch boundaries)")
     out += [f"{s['setting']}: not tried: {s['why']}" for s in tu["not_tried"]]
     out.append("")
     if tu["chosen"]:
@@ -141,7 +142,7 @@ def _limit_words(limit: dict, machine_cores: int) -> str:
     used = f"the best setting used {limit['cores_used']:.2f} of the machine's {machine_cores} cores"
     if limit["cores_bound"]:
         return f"{stage}; {used}: the cores are used up (a cheaper stage, or more cores)"
-    return f"{stage}; {used}: cores were left, so the loader stops short of the machine"
+    return f"{stage}; {used} (not all: other work on the machine, or the loader waiting on something else)"
 
 
 def write_json(path: str, doc: dict) -> None:

@@ -42,6 +42,7 @@ from runner import shutdown
 _FIELDS = 5
 WARMUP_BATCHES = 2
 SLICES = 8  # a window's slices, for the interval of its rate (min-max of 8: 99% for the median)
+SLICE_BATCHES = 3  # the fewest batches of each worker in a slice: prefetched batches arrive in bursts
 LOADER_STAGE = "loader"  # the timeline's stage: the loader's workers and their own processes
 
 
@@ -139,15 +140,7 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
 
     shutdown.register(stop_all)  # Ctrl-C or SIGTERM: the workers stop their loaders (DataLoader workers too)
     try:
-        for i in range(workers):
-            reader, writer = spawn.Pipe(duplex=False)
-            p = spawn.Process(
-                target=_worker, args=(opts, i, workers, shared, go, stop, writer, os.getpid()), daemon=True
-            )
-            p.start()
-            writer.close()
-            procs.append(p)
-            readers.append(reader)
+        _start_workers(opts, workers, (shared, go, stop), procs, readers)
 
         def check() -> None:
             _check_workers(opts, procs, readers)
@@ -200,11 +193,24 @@ def stop_trees(procs: list, readers: list[Connection], stop) -> None:
             k.kill()
 
 
+def _start_workers(opts: Options, workers: int, flags: tuple, procs: list, readers: list[Connection]) -> None:
+    """`workers` fresh processes, each with its copy of the loader; `flags`: (shared counts, go, stop)."""
+    spawn = mp.get_context("spawn")
+    shared, go, stop = flags
+    for i in range(workers):
+        reader, writer = spawn.Pipe(duplex=False)
+        p = spawn.Process(target=_worker, args=(opts, i, workers, shared, go, stop, writer, os.getpid()), daemon=True)
+        p.start()
+        writer.close()
+        procs.append(p)
+        readers.append(reader)
+
+
 class _Slices:
     """The window cut into slices at batch boundaries, for the rate's interval; and the peak resident memory.
 
-    A slice ends at a tick once every worker has finished a batch since the last slice ended and `length`
-    seconds have passed: its rate is each worker's images between its own batch boundaries over their
+    A slice ends at a tick once every worker has finished SLICE_BATCHES batches since the last slice ended
+    and `length` seconds have passed (so a slow loader's window has fewer slices): its rate is each worker's images between its own batch boundaries over their
     time, summed, so no slice has a partial batch's error.
     """
 
@@ -214,9 +220,9 @@ class _Slices:
         self.rates: list[float] = []
         self.peak_rss, self.next_rss, self.opened = 0.0, 0.0, time.monotonic()
 
-    def _at(self, i: int) -> tuple[float, float]:
-        """(images counted in the window, when its last batch ended) for worker `i`."""
-        return self.shared[i * _FIELDS + 1], self.shared[i * _FIELDS + 3]
+    def _at(self, i: int) -> tuple[float, float, float]:
+        """(images counted in the window, when its last batch ended, batches so far) for worker `i`."""
+        return self.shared[i * _FIELDS + 1], self.shared[i * _FIELDS + 3], self.shared[i * _FIELDS]
 
     def tick(self, pids: list[int]) -> None:
         now = time.monotonic()
@@ -227,9 +233,10 @@ class _Slices:
         if any(a[1] == 0 for a in self.anchor):  # a worker's window opens at its first batch boundary
             self.anchor = [x if a[1] == 0 else a for x, a in zip(at, self.anchor, strict=True)]
             return
-        if now - self.opened < self.length or any(x[1] <= a[1] for x, a in zip(at, self.anchor, strict=True)):
+        short = any(x[2] - a[2] < SLICE_BATCHES or x[1] <= a[1] for x, a in zip(at, self.anchor, strict=True))
+        if now - self.opened < self.length or short:
             return
-        self.rates.append(sum((n - a[0]) / (t - a[1]) for (n, t), a in zip(at, self.anchor, strict=True)))
+        self.rates.append(sum((n - a[0]) / (t - a[1]) for (n, t, _), a in zip(at, self.anchor, strict=True)))
         self.anchor, self.opened = at, now
 
     def figures(self) -> dict:
