@@ -148,12 +148,17 @@ def setting_words(setting: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in setting.items() if v is not None)
 
 
+def short_label(setting: dict) -> str:
+    """The setting as the timeline labels its window: each name by its initials (`nw=2 pf=4 pw=True`)."""
+    return " ".join(f"{''.join(w[0] for w in k.split('_'))}={v}" for k, v in setting.items() if v is not None)
+
+
 def search(opts: Options, kind: str, grid: list[dict], demand: Demand, timeline: Timeline | None) -> list[dict]:
     """Each setting measured in turn (one copy of the loader, the sweep's measurement) until one meets the demand."""
     tried = []
     for setting in grid:
         point = measure(
-            dataclasses.replace(opts, spec=spec_with(opts.spec, kind, setting)), 1, timeline, setting_words(setting)
+            dataclasses.replace(opts, spec=spec_with(opts.spec, kind, setting)), 1, timeline, short_label(setting)
         )
         row = {
             "setting": setting,
