@@ -22,6 +22,7 @@
 #include <jpeglib.h>
 
 #define ROI_MAX_MEMORY (256L << 20)
+#define ROI_ROWS_PER_CALL 64 /* more than an iMCU row of any scale (at most 16 rows) */
 
 typedef struct {
   struct jpeg_error_mgr pub;
@@ -127,15 +128,22 @@ static void cmyk_to_rgb(const unsigned char *in, unsigned char *out, JDIMENSION 
   }
 }
 
+/* Rows [output_scanline, y1) into `out`. Many rows per call: libjpeg then writes each row group (two rows of
+ * 4:2:0) straight into the output, where one row per call would go through its spare row and a copy. */
 static void read_rows(roi_ctx *ctx, unsigned char *out, long stride, JDIMENSION y0, JDIMENSION y1, int cmyk) {
   struct jpeg_decompress_struct *ci = &ctx->cinfo;
-  while (ci->output_scanline < y1) {
-    JSAMPROW row = out + (long)(ci->output_scanline - y0) * stride;
-    if (!cmyk) {
-      jpeg_read_scanlines(ci, &row, 1);
-      continue;
+  if (!cmyk) {
+    JSAMPROW rows[ROI_ROWS_PER_CALL];
+    while (ci->output_scanline < y1) {
+      JDIMENSION n = y1 - ci->output_scanline;
+      if (n > ROI_ROWS_PER_CALL) n = ROI_ROWS_PER_CALL;
+      for (JDIMENSION i = 0; i < n; i++) rows[i] = out + (long)(ci->output_scanline + i - y0) * stride;
+      jpeg_read_scanlines(ci, rows, n);
     }
-    JSAMPROW tmp = ctx->row4;
+    return;
+  }
+  while (ci->output_scanline < y1) {
+    JSAMPROW row = out + (long)(ci->output_scanline - y0) * stride, tmp = ctx->row4;
     jpeg_read_scanlines(ci, &tmp, 1);
     cmyk_to_rgb(ctx->row4, row, ci->output_width, ci->saw_Adobe_marker);
   }
