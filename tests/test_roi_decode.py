@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import simplejpeg
 from PIL import Image
 from scipy import stats
 
@@ -299,3 +300,83 @@ def test_one_decoder_reused_over_many_files_and_crops_stays_exact(photos, gradie
         got = reused.decode(denom, rows, cols)
         want = whole[rows[0] : rows[1], cols[0] : cols[1]]
         np.testing.assert_array_equal(got, want, err_msg=f"{f.name} at 1/{denom}, rows {rows}, columns {cols}")
+
+
+@pytest.fixture(scope="module")
+def progressive(photos) -> dict[str, bytes]:
+    """Progressive photographs: 4:2:0 (its chroma needs AC scans at 1/8 scale), 4:4:4, and grayscale."""
+    img = Image.open(sorted(photos.rglob("*.JPEG"))[0]).convert("RGB").resize((333, 251))
+    out = {}
+    for name, im, save in [("420", img, {"subsampling": 2}), ("444", img, {"subsampling": 0}), ("grey", img, {})]:
+        buf = io.BytesIO()
+        (im.convert("L") if name == "grey" else im).save(buf, "JPEG", quality=90, progressive=True, **save)
+        out[name] = buf.getvalue()
+    return out
+
+
+def scans(data: bytes) -> list[tuple[int, int, int]]:
+    """(first byte of the entropy-coded data, spectral start, first component id) of each scan of a JPEG."""
+    found, i = [], 2
+    while data[i + 1] != 0xD9:
+        seg = 2 + (data[i + 2] << 8 | data[i + 3])
+        if data[i + 1] == 0xDA:
+            found.append((i + seg, data[i + 5 + 2 * data[i + 4]], data[i + 5]))
+            seg = (
+                next(
+                    j
+                    for j in range(i + seg, len(data) - 1)
+                    if data[j] == 0xFF and data[j + 1] not in (0, *range(0xD0, 0xD8))
+                )
+                - i
+            )
+        i += seg
+    return found
+
+
+@pytest.mark.parametrize("kind", ["420", "444", "grey"])
+def test_progressive_file_at_one_eighth_from_its_dc_scans_is_the_whole_decode(progressive, kind):
+    data, dec = progressive[kind], RoiDecoder()
+    hd = dec.header(data)
+    assert hd.progressive
+    h, w = -(-hd.height // 8), -(-hd.width // 8)
+    for rows, cols in [((0, h), (0, w)), ((5, h - 3), (7, w - 2)), ((h // 2, h // 2 + 1), (0, 1))]:
+        dec.header(data)
+        want = dec.decode(8, rows, cols, dc_scans=False).copy()
+        dec.header(data)
+        np.testing.assert_array_equal(dec.decode(8, rows, cols), want, err_msg=f"{kind}: rows {rows}, columns {cols}")
+    # The luma's AC scans are not read at 1/8: a run of 1-bits (no Huffman code) in one of them does not
+    # matter there, while a decode of every scan refuses the file.
+    start, _, _ = [s for s in scans(data) if s[1] > 0 and s[2] == 1][0]
+    broken = bytearray(data)
+    broken[start + 4 : start + 44] = b"\xff\x00" * 20
+    dec.header(bytes(broken))
+    np.testing.assert_array_equal(dec.decode(8, (0, h), (0, w)), dec_whole(data, 8))
+    dec.header(bytes(broken))
+    with pytest.raises(RoiDecodeError):
+        dec.decode(8, (0, h), (0, w), dc_scans=False)
+
+
+def dec_whole(data: bytes, denom: int, **kw) -> np.ndarray:
+    dec = RoiDecoder()
+    hd = dec.header(data)
+    return dec.decode(denom, (0, -(-hd.height // denom)), (0, -(-hd.width // denom)), **kw).copy()
+
+
+def test_truncated_progressive_file_is_refused_at_one_eighth_too(progressive):
+    data, dec = progressive["420"], RoiDecoder()
+    last_scan = scans(data)[-1][0]
+    dec.header(data[: last_scan + 100])
+    with pytest.raises(RoiDecodeError, match="Premature end"):
+        dec.decode(8, (0, 10), (0, 10))
+
+
+@pytest.mark.parametrize("denom", [1, 2, 4, 8])
+def test_roi_decode_has_simplejpegs_pixels(photos, progressive, denom):
+    # simplejpeg's fastdct + fastupsample are the same libjpeg-turbo settings, decoded a whole image at once.
+    for data in [*(f.read_bytes() for f in sorted(photos.rglob("*.JPEG"))[:3]), *progressive.values()]:
+        whole = dec_whole(data, denom)
+        want = simplejpeg.decode_jpeg(
+            data, "RGB", fastdct=True, fastupsample=True, min_height=whole.shape[0], min_width=whole.shape[1],
+            min_factor=min(denom, 2),
+        )  # fmt: skip
+        np.testing.assert_array_equal(whole, want)

@@ -25,6 +25,9 @@ _WIDEN = 32
 # J_COLOR_SPACE values of jpeglib.h.
 COLOUR_SPACES = {0: "unknown", 1: "grayscale", 2: "RGB", 3: "YCbCr", 4: "CMYK", 5: "YCCK"}
 
+# roi_decode's flags (roi_decode.c).
+_FAST, _DC_SCANS = 1, 2
+
 _LIB: ctypes.CDLL | None = None
 _LOCK = threading.Lock()
 _LOCAL = threading.local()
@@ -112,10 +115,14 @@ class RoiDecoder:
         w, h, cs, prog, comps = self._info
         return JpegHeader(w, h, COLOUR_SPACES.get(cs, str(cs)), bool(prog), comps)
 
-    def decode(self, denom: int, rows: tuple[int, int], cols: tuple[int, int], fast: bool = True) -> np.ndarray:
+    def decode(
+        self, denom: int, rows: tuple[int, int], cols: tuple[int, int], fast: bool = True, dc_scans: bool = True
+    ) -> np.ndarray:
         """Rows and columns [start, stop) of the image scaled by 1/denom, as an RGB view of a reused buffer.
 
-        Call right after `header`. The view is valid until the next decode.
+        Call right after `header`. The view is valid until the next decode. `fast`: fast integer IDCT and
+        merged chroma upsampling. `dc_scans`: a progressive file at 1/8 scale is decoded from its DC scans
+        alone (the same pixels; False decodes all its scans, for comparison).
         """
         (y0, y1), (x0, x1) = rows, cols
         stride = (x1 - x0 + _WIDEN) * 3
@@ -127,7 +134,7 @@ class RoiDecoder:
         if self._buffer.size < need:
             self._buffer = np.empty(need, np.uint8)
         rc = self._lib.roi_decode(self._ctx, denom, y0, y1, x0, x1, self._buffer.ctypes.data, stride,
-                                  self._buffer.size, int(fast), self._got, self._times)  # fmt: skip
+                                  self._buffer.size, _FAST * fast | _DC_SCANS * dc_scans, self._got, self._times)  # fmt: skip
         self._data = b""
         if rc != 0:
             raise self._error()

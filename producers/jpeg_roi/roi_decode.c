@@ -5,7 +5,8 @@
  * crop: libjpeg DCT scaling by 1/denom, jpeg_skip_scanlines() over the rows
  * above the crop (entropy decoding only), jpeg_crop_scanline() so only the
  * crop's columns (widened to whole iMCUs) are transformed and colour
- * converted, and decoding stops after the crop's last row.
+ * converted, and decoding stops after the crop's last row. A progressive
+ * file decoded at 1/8 scale is decoded from its DC scans alone.
  *
  * Loaded with ctypes, which releases the GIL around every call.
  * Every libjpeg error and warning (corrupt or truncated data) ends the call
@@ -22,6 +23,8 @@
 #include <jpeglib.h>
 
 #define ROI_MAX_MEMORY (256L << 20)
+#define ROI_FAST 1     /* flags: fast integer IDCT and merged (non-fancy) chroma upsampling */
+#define ROI_DC_SCANS 2 /* flags: decode a progressive file at 1/8 scale from its DC scans alone */
 #define ROI_ROWS_PER_CALL 64 /* more than an iMCU row of any scale (at most 16 rows) */
 
 typedef struct {
@@ -35,6 +38,10 @@ typedef struct {
   int has_header;
   unsigned char *row4; /* one CMYK row, converted to RGB by hand */
   size_t row4_cap;
+  const unsigned char *data; /* the file being decoded (the caller keeps it alive) */
+  unsigned long size;
+  unsigned char *dc; /* a progressive file's DC scans alone, for a decode at 1/8 scale */
+  size_t dc_cap;
   char message[JMSG_LENGTH_MAX + 64];
 } roi_ctx;
 
@@ -63,6 +70,7 @@ void roi_free(roi_ctx *ctx) {
   if (!ctx) return;
   jpeg_destroy_decompress(&ctx->cinfo);
   free(ctx->row4);
+  free(ctx->dc);
   free(ctx);
 }
 
@@ -106,6 +114,8 @@ int roi_header(roi_ctx *ctx, const unsigned char *data, unsigned long size, int 
   if (create(ctx) != 0) return fail(ctx, "cannot create a JPEG decompressor");
   if (setjmp(ctx->err.jump)) return fail(ctx, NULL); /* after create(), whose setjmp this replaces */
   if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return fail(ctx, "not a JPEG (no start-of-image marker)");
+  ctx->data = data;
+  ctx->size = size;
   jpeg_mem_src(ci, data, size);
   jpeg_read_header(ci, TRUE);
   info[0] = (int)ci->image_width;
@@ -149,15 +159,8 @@ static void read_rows(roi_ctx *ctx, unsigned char *out, long stride, JDIMENSION 
   }
 }
 
-/* Decode rows [y0, y1) and columns [x0, x1) of the image scaled by 1/denom into `out`
- * (RGB, rows `stride` bytes apart, `capacity` bytes). The columns decoded start at
- * got[0] (<= x0) and are got[1] wide; times: header-to-start, skip, rows (seconds). */
-int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned char *out, long stride,
-               long capacity, int fast, int *got, double *times) {
-  struct jpeg_decompress_struct *ci = &ctx->cinfo;
-  if (!ctx->has_header) return fail(ctx, "no header read");
-  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
-  double t0 = now();
+/* Output parameters: scale 1/denom, RGB (CMYK converted by hand), the IDCT and upsampling asked for. */
+static void set_output(struct jpeg_decompress_struct *ci, int denom, int fast) {
   int cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
   ci->scale_num = 1;
   ci->scale_denom = (unsigned)denom;
@@ -165,6 +168,90 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
   ci->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
   ci->do_fancy_upsampling = fast ? FALSE : TRUE;
   jpeg_calc_output_dimensions(ci);
+}
+
+/* The end of the entropy-coded data starting at d[j]: the next marker (0xFF, then neither 0x00 nor a restart
+ * marker nor another 0xFF fill byte), or 0 when the data ends first. */
+static size_t scan_end(const unsigned char *d, size_t n, size_t j) {
+  for (;;) {
+    const unsigned char *f = j < n ? memchr(d + j, 0xFF, n - j) : NULL;
+    if (!f || (size_t)(f - d) + 1 >= n) return 0;
+    j = (size_t)(f - d);
+    unsigned char b = d[j + 1];
+    if (b != 0x00 && b != 0xFF && (b < 0xD0 || b > 0xD7)) return j;
+    j += b == 0xFF ? 1 : 2;
+  }
+}
+
+/* Copy a progressive JPEG into `out` (at least n bytes) without the AC scans (spectral selection starting
+ * above 0) of the components whose ids are set in `dc_only`; return its length, or 0 if the stream does not
+ * parse up to its end-of-image marker. A component libjpeg transforms with its 1x1 IDCT (at 1/8 scale: the
+ * luma, and the chroma too unless subsampled) uses its DC coefficient alone, so its DC scans give the same
+ * pixels as the whole file, without entropy-decoding its AC scans (most of the file and of the time). */
+static size_t dc_scans(const unsigned char *d, size_t n, const unsigned char *dc_only, unsigned char *out) {
+  size_t i = 2, o = 2;
+  memcpy(out, d, 2);
+  for (;;) {
+    while (i + 1 < n && d[i] == 0xFF && d[i + 1] == 0xFF) i++; /* fill bytes */
+    if (i + 1 >= n || d[i] != 0xFF) return 0;
+    unsigned char m = d[i + 1];
+    if (m == 0xD9) {
+      out[o] = 0xFF, out[o + 1] = 0xD9;
+      return o + 2;
+    }
+    if (i + 4 > n || (m >= 0xD0 && m <= 0xD7) || m == 0x01) return 0;
+    size_t seg = 2 + ((size_t)d[i + 2] << 8 | d[i + 3]);
+    if (seg < 4 || i + seg > n) return 0;
+    int keep = 1;
+    if (m == 0xDA) { /* SOS: Ns, Ns (component, tables) pairs, Ss, Se, Ah/Al; then the entropy-coded data */
+      size_t ss = i + 5 + 2 * (size_t)d[i + 4];
+      size_t end = scan_end(d, n, i + seg);
+      if (ss >= i + seg || !end) return 0;
+      keep = d[ss] == 0;
+      for (size_t k = i + 5; k < ss; k += 2) keep |= !dc_only[d[k]];
+      seg = end - i;
+    }
+    if (keep) memcpy(out + o, d + i, seg), o += seg;
+    i += seg;
+  }
+}
+
+/* For a progressive file decoded at 1/8: restart the decompressor without the AC scans of the components that
+ * need only their DC coefficients (set_output() done). No block smoothing: it would estimate the missing AC
+ * coefficients (and, in libjpeg-turbo 2.1, adjust DC) from neighbouring blocks. */
+static int use_dc_scans(roi_ctx *ctx) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  unsigned char dc_only[256] = {0};
+  for (int i = 0; i < ci->num_components; i++)
+    if (ci->comp_info[i].DCT_scaled_size == 1) dc_only[ci->comp_info[i].component_id & 0xFF] = 1;
+  if (ctx->dc_cap < ctx->size) {
+    free(ctx->dc);
+    ctx->dc_cap = 0;
+    if (!(ctx->dc = malloc(ctx->size))) return 0;
+    ctx->dc_cap = ctx->size;
+  }
+  size_t n = dc_scans(ctx->data, ctx->size, dc_only, ctx->dc);
+  if (!n) return 0; /* not parsed: the whole file is decoded, and libjpeg says what is wrong with it */
+  jpeg_abort_decompress(ci);
+  jpeg_mem_src(ci, ctx->dc, n);
+  jpeg_read_header(ci, TRUE);
+  ci->do_block_smoothing = FALSE;
+  return 1;
+}
+
+/* Decode rows [y0, y1) and columns [x0, x1) of the image scaled by 1/denom into `out`
+ * (RGB, rows `stride` bytes apart, `capacity` bytes). The columns decoded start at
+ * got[0] (<= x0) and are got[1] wide; times: header-to-start, skip, rows (seconds). */
+int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned char *out, long stride,
+               long capacity, int flags, int *got, double *times) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  if (!ctx->has_header) return fail(ctx, "no header read");
+  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
+  double t0 = now();
+  set_output(ci, denom, flags & ROI_FAST);
+  if ((flags & ROI_DC_SCANS) && denom == 8 && ci->progressive_mode && use_dc_scans(ctx))
+    set_output(ci, denom, flags & ROI_FAST);
+  int cmyk = ci->out_color_space == JCS_CMYK;
   if (y0 < 0 || x0 < 0 || y1 <= y0 || x1 <= x0 || (JDIMENSION)y1 > ci->output_height ||
       (JDIMENSION)x1 > ci->output_width)
     return fail(ctx, "crop box outside the scaled image");
@@ -180,7 +267,7 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
       return fail(ctx, NULL);
     }
   }
-  jpeg_start_decompress(ci); /* a progressive file is entropy-decoded whole here */
+  jpeg_start_decompress(ci); /* a progressive file is entropy-decoded whole here (its DC scans alone at 1/8) */
   JDIMENSION xoff = (JDIMENSION)x0, width = (JDIMENSION)(x1 - x0);
   if (width < ci->output_width) jpeg_crop_scanline(ci, &xoff, &width);
   if ((long)width * 3 > stride || (long)(y1 - y0 - 1) * stride + (long)width * 3 > capacity)
