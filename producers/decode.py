@@ -32,7 +32,7 @@ from PIL import Image, UnidentifiedImageError
 
 from core.cli_types import positive_int
 from producers.cold_cache import drop_pages
-from producers.jpeg_roi import RoiDecoder, library
+from producers.jpeg_roi import RoiDecoder, halve, library
 from producers.jpeg_roi.build import BuildError
 from producers.options import add_send_args, run_producer
 
@@ -233,6 +233,21 @@ def reset_stages() -> None:
     stage_images[0] = 0
 
 
+def _shrink_into(crop: np.ndarray, out: np.ndarray) -> None:
+    """Resize a decoded crop into `out`, antialiased wherever it is shrunk 2x or more.
+
+    After DCT scaling a crop is seldom shrunk 2x or more: then every pixel lies under a bilinear tap and
+    INTER_LINEAR is as good as INTER_AREA at a sixth of its cost. An axis shrunk 2-4x (the long side of a
+    non-square crop, mostly) is first halved by averaging pixel pairs, then resized bilinearly; a crop
+    shrunk 4x or more gets INTER_AREA (docs/decoding.md).
+    """
+    fy, fx = (1 + (crop.shape[k] >= 2 * out.shape[k]) for k in (0, 1))
+    if fy * fx > 1 and crop.shape[0] < 4 * out.shape[0] and crop.shape[1] < 4 * out.shape[1]:
+        crop, fy, fx = halve(crop, fy, fx), 1, 1
+    interpolation = cv2.INTER_LINEAR if fy == fx == 1 else cv2.INTER_AREA
+    cv2.resize(crop, (out.shape[1], out.shape[0]), dst=out, interpolation=interpolation)
+
+
 def _decode_roi(fast: bool) -> Callable[[bytes, random.Random, np.ndarray], None]:
     """Decode only the crop: its rows and its (iMCU-widened) columns, DCT-scaled when it is shrunk 2x or more."""
 
@@ -250,11 +265,7 @@ def _decode_roi(fast: bool) -> Callable[[bytes, random.Random, np.ndarray], None
         t1 = time.thread_time()
         crop = dec.decode(denom, (y0, y1), (x0, x1), fast)
         t2 = time.thread_time()
-        # After DCT scaling a crop is seldom shrunk 2x or more: then every pixel lies under a bilinear tap
-        # and INTER_LINEAR is as good as INTER_AREA at a sixth of its cost (docs/decoding.md).
-        near = crop.shape[0] < 2 * out.shape[0] and crop.shape[1] < 2 * out.shape[1]
-        interpolation = cv2.INTER_LINEAR if near else cv2.INTER_AREA
-        cv2.resize(crop, (out.shape[1], out.shape[0]), dst=out, interpolation=interpolation)
+        _shrink_into(crop, out)
         t3 = time.thread_time()
         if rng.random() < 0.5:
             cv2.flip(out, 1, dst=out)

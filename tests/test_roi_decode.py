@@ -341,7 +341,7 @@ def test_progressive_file_at_one_eighth_from_its_dc_scans_is_the_whole_decode(pr
     h, w = -(-hd.height // 8), -(-hd.width // 8)
     for rows, cols in [((0, h), (0, w)), ((5, h - 3), (7, w - 2)), ((h // 2, h // 2 + 1), (0, 1))]:
         dec.header(data)
-        want = dec.decode(8, rows, cols, dc_scans=False).copy()
+        want = dec.decode(8, rows, cols, shortcuts=False).copy()
         dec.header(data)
         np.testing.assert_array_equal(dec.decode(8, rows, cols), want, err_msg=f"{kind}: rows {rows}, columns {cols}")
     # The luma's AC scans are not read at 1/8: a run of 1-bits (no Huffman code) in one of them does not
@@ -353,7 +353,7 @@ def test_progressive_file_at_one_eighth_from_its_dc_scans_is_the_whole_decode(pr
     np.testing.assert_array_equal(dec.decode(8, (0, h), (0, w)), dec_whole(data, 8))
     dec.header(bytes(broken))
     with pytest.raises(RoiDecodeError):
-        dec.decode(8, (0, h), (0, w), dc_scans=False)
+        dec.decode(8, (0, h), (0, w), shortcuts=False)
 
 
 def dec_whole(data: bytes, denom: int, **kw) -> np.ndarray:
@@ -362,12 +362,43 @@ def dec_whole(data: bytes, denom: int, **kw) -> np.ndarray:
     return dec.decode(denom, (0, -(-hd.height // denom)), (0, -(-hd.width // denom)), **kw).copy()
 
 
-def test_truncated_progressive_file_is_refused_at_one_eighth_too(progressive):
+@pytest.mark.parametrize("denom", [1, 8])
+def test_truncated_progressive_file_is_refused_with_a_crop_at_its_top(progressive, denom):
+    # The rows below the crop are not decoded, but a file that ends before its last scan does is refused.
     data, dec = progressive["420"], RoiDecoder()
-    last_scan = scans(data)[-1][0]
-    dec.header(data[: last_scan + 100])
+    dec.header(data[: scans(data)[-1][0] + 100])
     with pytest.raises(RoiDecodeError, match="Premature end"):
-        dec.decode(8, (0, 10), (0, 10))
+        dec.decode(denom, (0, 4), (0, 10))
+
+
+def test_progressive_rows_below_the_crop_are_not_decoded_yet_the_crop_is_exact(progressive):
+    rng, dec, whole = random.Random(3), RoiDecoder(), RoiDecoder()
+    for _ in range(60):
+        kind, denom, fast = rng.choice(sorted(progressive)), rng.choice([1, 2, 4, 8]), rng.random() < 0.7
+        data = progressive[kind]
+        hd = dec.header(data)
+        h, w = -(-hd.height // denom), -(-hd.width // denom)
+        y0, x0 = rng.randrange(h), rng.randrange(w)
+        rows, cols = (y0, rng.randrange(y0 + 1, h + 1)), (x0, rng.randrange(x0 + 1, w + 1))
+        got = dec.decode(denom, rows, cols, fast)
+        whole.header(data)
+        want = whole.decode(denom, rows, cols, fast, shortcuts=False)
+        np.testing.assert_array_equal(
+            got, want, err_msg=f"{kind} at 1/{denom} (fast={fast}), rows {rows}, columns {cols}"
+        )
+    assert dec.skipped_rows > 0 and whole.skipped_rows == 0
+    # A run of 1-bits (no Huffman code) near the end of every scan is never read for a crop at the top.
+    data = progressive["444"]
+    broken = bytearray(data)
+    for start, _, _ in scans(data):
+        end = start + next(i for i in range(len(data) - start) if data[start + i] == 0xFF and data[start + i + 1] != 0)
+        if end - start > 64:  # (a scan of a flat band may be a few bytes)
+            broken[end - 12 : end - 2] = b"\xff\x00" * 5
+    dec.header(bytes(broken))
+    np.testing.assert_array_equal(dec.decode(1, (0, 16), (0, 40)), dec_whole(data, 1)[:16, :40])
+    dec.header(bytes(broken))
+    with pytest.raises(RoiDecodeError):
+        dec.decode(1, (0, 16), (0, 40), shortcuts=False)
 
 
 @pytest.mark.parametrize("denom", [1, 2, 4, 8])

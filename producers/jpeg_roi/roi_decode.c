@@ -21,10 +21,12 @@
 #include <time.h>
 
 #include <jpeglib.h>
+#include <jpegint.h> /* the entropy decoder's insufficient_data, DSTATE_PRELOAD */
 
 #define ROI_MAX_MEMORY (256L << 20)
 #define ROI_FAST 1     /* flags: fast integer IDCT and merged (non-fancy) chroma upsampling */
 #define ROI_DC_SCANS 2 /* flags: decode a progressive file at 1/8 scale from its DC scans alone */
+#define ROI_SKIP_BELOW 4 /* flags: in a multi-scan file, skip each scan's rows below the crop */
 #define ROI_ROWS_PER_CALL 64 /* more than an iMCU row of any scale (at most 16 rows) */
 
 typedef struct {
@@ -42,6 +44,10 @@ typedef struct {
   unsigned long size;
   unsigned char *dc; /* a progressive file's DC scans alone, for a decode at 1/8 scale */
   size_t dc_cap;
+  struct jpeg_progress_mgr progress; /* called between iMCU rows while a multi-scan file is read */
+  JDIMENSION stop_row;               /* iMCU rows of each scan the crop needs */
+  int skipped_scan;                  /* the last scan whose rows below stop_row were skipped */
+  long skipped_rows;                 /* iMCU rows skipped so far (for tests) */
   char message[JMSG_LENGTH_MAX + 64];
 } roi_ctx;
 
@@ -239,6 +245,34 @@ static int use_dc_scans(roi_ctx *ctx) {
   return 1;
 }
 
+/* The progress monitor, called before each step of jpeg_start_decompress()'s reading of a multi-scan
+ * (progressive) file, one iMCU row of one scan per step. Once a scan has reached the last iMCU row the crop
+ * needs, the source jumps to the scan's end (its next marker) and the entropy decoder is told the data ran
+ * out, so it leaves the remaining rows' blocks untouched without reading them: the rows below the crop are
+ * never entropy-decoded. The rows above must be (their end-of-band runs and DC predictions carry on); the
+ * rows output are the same as a whole decode's. Not with restart markers (the decoder would look for them
+ * past the jump) nor arithmetic coding; nor when the data ends before a marker (a truncated file fails as
+ * it would otherwise). */
+static void skip_rest_of_scan(j_common_ptr c) {
+  roi_ctx *ctx = (roi_ctx *)c->client_data;
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  if (ci->global_state != DSTATE_PRELOAD || ci->restart_interval || ci->arith_code || !ci->entropy) return;
+  if (ci->input_iMCU_row < ctx->stop_row || ci->input_iMCU_row >= ci->total_iMCU_rows ||
+      ctx->skipped_scan == ci->input_scan_number)
+    return;
+  if (!ci->unread_marker) { /* else the decoder has already read up to the scan's end */
+    size_t end = scan_end(ci->src->next_input_byte, ci->src->bytes_in_buffer, 0);
+    if (!end) return;
+    ci->src->next_input_byte += end;
+    ci->src->bytes_in_buffer -= end;
+  }
+  ci->entropy->insufficient_data = TRUE;
+  ctx->skipped_scan = ci->input_scan_number;
+  ctx->skipped_rows += ci->total_iMCU_rows - ci->input_iMCU_row;
+}
+
+long roi_skipped_rows(roi_ctx *ctx) { return ctx->skipped_rows; }
+
 /* Decode rows [y0, y1) and columns [x0, x1) of the image scaled by 1/denom into `out`
  * (RGB, rows `stride` bytes apart, `capacity` bytes). The columns decoded start at
  * got[0] (<= x0) and are got[1] wide; times: header-to-start, skip, rows (seconds). */
@@ -267,7 +301,18 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
       return fail(ctx, NULL);
     }
   }
-  jpeg_start_decompress(ci); /* a progressive file is entropy-decoded whole here (its DC scans alone at 1/8) */
+  if (flags & ROI_SKIP_BELOW) {
+    /* iMCU rows are max_v_samp_factor * min_DCT_scaled_size output rows; one more for fancy upsampling's context */
+    JDIMENSION imcu = (JDIMENSION)(ci->max_v_samp_factor * ci->min_DCT_scaled_size);
+    ctx->stop_row = (JDIMENSION)(y1 - 1) / imcu + 2;
+    ctx->skipped_scan = -1;
+    ctx->progress.progress_monitor = skip_rest_of_scan;
+    ci->progress = &ctx->progress;
+  }
+  /* a progressive file is entropy-decoded here: the rows the crop needs of each scan (of its DC scans alone
+   * at 1/8 scale) */
+  jpeg_start_decompress(ci);
+  ci->progress = NULL;
   JDIMENSION xoff = (JDIMENSION)x0, width = (JDIMENSION)(x1 - x0);
   if (width < ci->output_width) jpeg_crop_scanline(ci, &xoff, &width);
   if ((long)width * 3 > stride || (long)(y1 - y0 - 1) * stride + (long)width * 3 > capacity)
@@ -292,4 +337,30 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
   times[1] = t2 - t1;
   times[2] = t3 - t2;
   return 0;
+}
+
+/* Halve an RGB image (rows x cols, rows `src_stride` bytes apart) along y if fy == 2 and along x if fx == 2
+ * (each 1 or 2), averaging each pair or 2x2 block with rounding, into `dst`: ceil(rows / fy) x ceil(cols / fx),
+ * rows `dst_stride` bytes apart (an odd last row or column is averaged with itself). The antialiasing step
+ * before a bilinear resize of a crop shrunk 2x or more along an axis, at a fraction of INTER_AREA's cost. */
+void roi_halve(const unsigned char *src, long src_stride, int rows, int cols, int fy, int fx, unsigned char *dst,
+               long dst_stride) {
+  int out_rows = (rows + fy - 1) / fy, out_cols = (cols + fx - 1) / fx;
+  for (int r = 0; r < out_rows; r++) {
+    const unsigned char *a = src + (long)r * fy * src_stride;
+    const unsigned char *b = fy == 2 && r * 2 + 1 < rows ? a + src_stride : a;
+    unsigned char *o = dst + (long)r * dst_stride;
+    int pairs = fx == 2 ? cols / 2 : 0;
+    if (fx == 2) {
+      for (int c = 0; c < pairs * 3; c += 3)
+        for (int k = 0; k < 3; k++) {
+          const unsigned char *p = a + 2 * c + k, *q = b + 2 * c + k;
+          o[c + k] = (unsigned char)((p[0] + p[3] + q[0] + q[3] + 2) >> 2);
+        }
+    } else {
+      for (int c = 0; c < cols * 3; c++) o[c] = (unsigned char)((a[c] + b[c] + 1) >> 1);
+    }
+    if (fx == 2 && cols % 2) /* the odd last column: its own pixel(s) */
+      for (int k = 0; k < 3; k++) o[pairs * 3 + k] = (unsigned char)((a[(cols - 1) * 3 + k] + b[(cols - 1) * 3 + k] + 1) >> 1);
+  }
 }
