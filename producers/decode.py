@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import os
 import random
 import sys
 import time
@@ -241,11 +242,14 @@ def _shrink_into(crop: np.ndarray, out: np.ndarray) -> None:
     non-square crop, mostly) is first halved by averaging pixel pairs, then resized bilinearly; a crop
     shrunk 4x or more gets INTER_AREA (docs/decoding.md).
     """
-    fy, fx = (1 + (crop.shape[k] >= 2 * out.shape[k]) for k in (0, 1))
-    if fy * fx > 1 and crop.shape[0] < 4 * out.shape[0] and crop.shape[1] < 4 * out.shape[1]:
-        crop, fy, fx = halve(crop, fy, fx), 1, 1
-    interpolation = cv2.INTER_LINEAR if fy == fx == 1 else cv2.INTER_AREA
-    cv2.resize(crop, (out.shape[1], out.shape[0]), dst=out, interpolation=interpolation)
+    (ch, cw), (oh, ow) = crop.shape[:2], out.shape[:2]
+    interpolation = cv2.INTER_LINEAR
+    if ch >= 2 * oh or cw >= 2 * ow:
+        if ch < 4 * oh and cw < 4 * ow:
+            crop = halve(crop, 1 + (ch >= 2 * oh), 1 + (cw >= 2 * ow))
+        else:
+            interpolation = cv2.INTER_AREA
+    cv2.resize(crop, (ow, oh), dst=out, interpolation=interpolation)
 
 
 def _decode_roi(fast: bool) -> Callable[[bytes, random.Random, np.ndarray], None]:
@@ -369,10 +373,17 @@ def _decode_with_pillow_fallback(
 # --------------------------------------------------------------------------- the source
 
 
-def _timed_read(path: Path) -> bytes:
+def _timed_read(path: str) -> bytes:
     """The file's bytes; the read's wall time goes to the `read` stage (storage waits use no CPU)."""
     t0 = time.perf_counter()
-    data = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)  # a third less CPU than Path.read_bytes' buffered file object
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size)
+    finally:
+        os.close(fd)
+    if len(data) != size:  # a short read (a file that changed, some network filesystems): the ordinary way
+        data = Path(path).read_bytes()
     stage_seconds["read"] += time.perf_counter() - t0
     return data
 
@@ -411,7 +422,7 @@ class DecodeSource:
         files, labels, _ = list_images(self.root, self.list_file)
         if len(files) < self.workers:
             raise DatasetError(f"{len(files)} images in {self.root} cannot be shared by {self.workers} workers")
-        root = Path(self.root)
+        root = str(Path(self.root))
         decode = self._decode_function()
         rng = random.Random(f"{self.seed}/{worker}")  # augmentation: different in every worker
         # A fixed shard per worker (every workers-th file), reshuffled every epoch: each file has one
@@ -432,7 +443,7 @@ class DecodeSource:
         for epoch in range(sys.maxsize):
             random.Random(f"{self.seed}/{worker}/{epoch}").shuffle(shard)
             for i in shard:
-                path = root / files[i]
+                path = f"{root}/{files[i]}"  # a third of the cost of joining Paths
                 try:
                     decode(_timed_read(path), rng, images[k])
                 except Exception as e:

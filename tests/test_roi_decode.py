@@ -9,6 +9,7 @@ import random
 import shutil
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import simplejpeg
@@ -21,7 +22,7 @@ from producers.cold_cache import drop_pages, resident_share
 from producers.commands import producer_command
 from producers.dataset import make_dataset, make_imagenet_like
 from producers.decode import DecodeSource
-from producers.jpeg_roi import MAX_CROP_PIXELS, RoiDecodeError, RoiDecoder, max_memory
+from producers.jpeg_roi import MAX_CROP_PIXELS, RoiDecodeError, RoiDecoder, halve, max_memory
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -411,3 +412,28 @@ def test_roi_decode_has_simplejpegs_pixels(photos, progressive, denom):
             min_factor=min(denom, 2),
         )  # fmt: skip
         np.testing.assert_array_equal(whole, want)
+
+
+@pytest.mark.parametrize(("fy", "fx"), [(1, 2), (2, 1), (2, 2)])
+def test_halve_averages_pairs_and_keeps_an_odd_edge(fy, fx):
+    img = np.random.default_rng(fy * 3 + fx).integers(0, 256, (37, 51 + 9, 3), np.uint8)[:, 4:55]  # strided rows
+    got = halve(img, fy, fx)
+    padded = np.pad(img.astype(int), ((0, 37 % fy), (0, 51 % fx), (0, 0)), mode="edge")  # odd edge: itself
+    want = padded.reshape(-(-37 // fy), fy, -(-51 // fx), fx, 3).sum((1, 3))
+    np.testing.assert_array_equal(got, (want + fy * fx // 2) // (fy * fx))
+    with pytest.raises(ValueError, match="RGB uint8"):
+        halve(img[..., :2], fy, fx)
+
+
+def test_crop_shrunk_two_to_four_times_along_one_axis_is_antialiased(photos):
+    out, area = np.empty((224, 224, 3), np.uint8), np.empty((224, 224, 3), np.uint8)
+    # One-pixel stripes: bilinear taps alone would alias them into bands; averaged, they are flat grey.
+    stripes = np.zeros((300, 520, 3), np.uint8)
+    stripes[:, ::2] = 255
+    decode._shrink_into(stripes, out)
+    assert abs(out.astype(int).mean() - 127.5) < 1 and out.std() < 2
+    # On a photograph it stays within rounding of OpenCV's area average.
+    photo = dec_whole(sorted(photos.rglob("*.JPEG"))[0].read_bytes(), 1)[:300, :470]
+    decode._shrink_into(photo, out)
+    cv2.resize(photo, (224, 224), dst=area, interpolation=cv2.INTER_AREA)
+    assert np.abs(out.astype(int) - area).mean() < 2

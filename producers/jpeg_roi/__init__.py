@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,9 +37,8 @@ class RoiDecodeError(ValueError):
     """A file the ROI decoder cannot or will not decode; the message says why."""
 
 
-@dataclass(frozen=True)
-class JpegHeader:
-    """What a JPEG's header says: size, colour space, whether it is progressive."""
+class JpegHeader(NamedTuple):
+    """What a JPEG's header says: size, colour space, whether it is progressive (a tuple: made per file)."""
 
     width: int
     height: int
