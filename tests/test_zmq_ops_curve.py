@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,8 +103,9 @@ def test_op_refuses_a_producer_without_the_right_keys_and_says_so(procs, keys: P
         assert "not in" in str(e.value)
 
 
-# method="thread": a hang inside the native receiver (a C call, where the signal method cannot stop the test;
-# seen once, the main thread waiting on a lock) then dumps every thread's stack and ends the worker.
+# method="thread": a hang inside the native receiver (a C call, where the signal method cannot stop the test)
+# dumps every thread's stack and ends the worker. Seen once here: a refusal reported after the monitor's reader
+# had ended blocked the close (fixed; the test after this one reproduces it).
 @pytest.mark.timeout(120, method="thread")
 @pytest.mark.parametrize("kind", ["match", "other-client", "none"])
 def test_receiver_admits_only_matching_keys(procs, keys: Path, tmp_path: Path, kind) -> None:
@@ -118,6 +121,37 @@ def test_receiver_admits_only_matching_keys(procs, keys: Path, tmp_path: Path, k
             procs.producer(ep, *SMALL, "--count", "2", *producer_keys(kind, keys, tmp_path))
             with pytest.raises(ReceiveTimeout, match=r"refused by CURVE authentication"):
                 r.next()
+
+
+# A ZMTP 3.0 greeting offering the NULL mechanism (no keys): signature, version 3.0, mechanism, as-client, filler.
+NULL_GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + bytes(32)
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_handshake_refused_while_a_closed_receiver_waits_on_its_batches_does_not_block_its_end(
+    procs, keys: Path
+) -> None:
+    """close() with a zero-copy batch still held stops the threads; the socket lives until the batch is dropped.
+    A producer refused in between must not block that end: libzmq's I/O thread waits to report the refusal
+    to a monitor nobody reads any more, holding the lock that turning the monitor off needs."""
+    port = free_tcp_port()
+    ep = f"tcp://127.0.0.1:{port}"
+    r = Receiver(ep, SPECS, 2, timeout_ms=30_000, curve_keys=keys, zero_copy=True)
+    procs.producer(ep, *SMALL, "--count", "1", "--curve-keys", str(keys))
+    images, labels = r.next_arrays()
+    r.close()  # the held batch keeps the socket open
+    # Refused handshakes for well over the receive core's 50 ms polling slice, so that some come after every
+    # thread that close() ends has ended. Each waits for the server to refuse the NULL mechanism, report it
+    # and hang up; with the defect, the report never leaves and neither the hang-up nor the end below comes.
+    closed_at = time.monotonic()
+    while time.monotonic() - closed_at < 1.0:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(NULL_GREETING)
+            while s.recv(4096):
+                pass
+    assert images.shape == (BATCH, SIZE, SIZE, 3) and labels.shape == (BATCH,)
+    del images, labels  # the last array: the receiver ends here
+    assert r._handle is None
 
 
 def test_missing_or_broken_key_files_are_named(tmp_path: Path) -> None:

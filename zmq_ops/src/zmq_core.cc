@@ -238,11 +238,12 @@ Connection::Connection(const ConnectionOptions& options) : options_(options) {}
 
 Connection::~Connection() {
   closing_.store(true);
+  // The monitor goes off while the auth thread still reads its events: a handshake failing after that
+  // thread ended would block libzmq's I/O thread on the event's send, holding the lock this call needs.
+  if (socket_ != nullptr && !options_.curve_keys_dir.empty()) zmq_socket_monitor(socket_, nullptr, 0);
+  auth_stop_.store(true);
   if (auth_thread_.joinable()) auth_thread_.join();  // it closes zap_ and monitor_
-  if (socket_ != nullptr) {
-    if (monitor_ != nullptr || !options_.curve_keys_dir.empty()) zmq_socket_monitor(socket_, nullptr, 0);
-    zmq_close(socket_);
-  }
+  if (socket_ != nullptr) zmq_close(socket_);
   if (zap_ != nullptr) zmq_close(zap_);
   if (monitor_ != nullptr) zmq_close(monitor_);
   if (context_ != nullptr) zmq_ctx_term(context_);
@@ -378,7 +379,7 @@ std::vector<std::string> RecvAll(void* sock) {
 }  // namespace
 
 void Connection::AuthLoop() {
-  while (!closing_.load()) {
+  while (!auth_stop_.load()) {
     zmq_pollitem_t items[2] = {{zap_, 0, ZMQ_POLLIN, 0}, {monitor_, 0, ZMQ_POLLIN, 0}};
     if (zmq_poll(items, 2, kSliceMs) <= 0) continue;
     if (items[0].revents & ZMQ_POLLIN) {

@@ -201,11 +201,14 @@ class Connection {
   int64_t bytes_ = 0;
 
   // CURVE server side: a ZAP handler admitting the folder's client keys, and
-  // a socket monitor reporting failed handshakes; both on auth_thread_.
+  // a socket monitor reporting failed handshakes; both on auth_thread_,
+  // which runs until the destructor has turned the monitor off (auth_stop_):
+  // libzmq's I/O thread blocks sending an event to a monitor nobody reads.
   std::vector<std::string> client_keys_;  // 32-byte binary public keys
   void* zap_ = nullptr;
   void* monitor_ = nullptr;
   std::thread auth_thread_;
+  std::atomic<bool> auth_stop_{false};
   mutable std::mutex auth_mu_;
   int64_t auth_failures_ = 0;
   std::string auth_reason_;
