@@ -2,7 +2,10 @@
 
 `RoiDecoder.header` reads a file's header; the caller draws its crop from the
 size; `RoiDecoder.decode` decodes just that crop (optionally DCT-scaled by
-1/2, 1/4 or 1/8) into a reused buffer and returns it as a numpy view. The C
+1/2, 1/4 or 1/8) into a reused buffer and returns it as a numpy view; a
+progressive file's scans are entropy-decoded only down to the crop (and at
+1/8 scale only its DC scans), with the same pixels. `halve` is the
+antialiasing step of a resize that shrinks an axis 2x or more. The C
 side (`roi_decode.c`, built by `build.py`, on first use if need be) is called
 through ctypes, which releases the GIL for each call, so decoding threads run
 in parallel. Memory is bounded: libjpeg may take at most `max_memory()` bytes
