@@ -205,7 +205,7 @@ static size_t dc_scans(const unsigned char *d, size_t n, const unsigned char *dc
       out[o] = 0xFF, out[o + 1] = 0xD9;
       return o + 2;
     }
-    if (i + 4 > n || (m >= 0xD0 && m <= 0xD7) || m == 0x01) return 0;
+    if (i + 4 > n || (m >= 0xD0 && m <= 0xD8) || m == 0x01 || m == 0x00) return 0; /* no segment here */
     size_t seg = 2 + ((size_t)d[i + 2] << 8 | d[i + 3]);
     if (seg < 4 || i + seg > n) return 0;
     int keep = 1;
