@@ -377,8 +377,11 @@ def config_from(args, paths: dict):
     return BenchConfig(paths=chosen, **fields)
 
 
-def validate(cfg, paths: dict) -> None:
-    """Every check that needs no device: producer flags, each chosen path's own, the endpoint (ConfigError)."""
+def validate(cfg, framework: str) -> None:
+    """Every check that needs no device (ConfigError): producer flags, each chosen path's declared checks, the
+    endpoint; then, with the framework's classes loaded, what a path's half of that framework adds."""
+    from consumers.declared import check_declared
+    from core import registry
     from core.errors import ConfigError
     from runner.producer_group import check_producer_flags
     from wire.endpoints import EndpointError, check, check_reachable
@@ -395,20 +398,23 @@ def validate(cfg, paths: dict) -> None:
             raise ConfigError(str(e)) from None
         if cfg.input_only:
             raise ConfigError("--input-only and --model emulated: choose one (input-only has no device step)")
-    for name in cfg.paths:
-        paths[name].validate(cfg)
+    check_declared(cfg)
     if cfg.endpoint:
         try:
             check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote, secured=bool(cfg.curve_keys))
             check_reachable(cfg.endpoint)  # the external producer is another process
         except EndpointError as e:
             raise ConfigError(str(e)) from None
+    paths = registry.load(framework)
+    for name in cfg.paths:
+        paths[name].validate(cfg)
 
 
 def _main(argv: list[str]) -> int:
     """Parse, check what needs no device, pick the framework's plugin; the harness does the rest."""
     from dataclasses import replace
 
+    from consumers.declared import declared
     from core import registry
     from core.errors import ConfigError
     from profiler.report import check_output_places
@@ -416,13 +422,14 @@ def _main(argv: list[str]) -> int:
     from runner import cluster_spec
 
     framework = _framework(argv)
-    # --loader-only runs no trainer: no framework's paths to load (and no TensorFlow to import).
-    paths = {} if "--loader-only" in argv else registry.load(framework)
+    # The flags are read and checked from the paths' declarations: the framework is imported only for a run
+    # that passed every check (and --loader-only runs no trainer: no TensorFlow, no PyTorch).
+    choices = declared(framework)
     try:
-        grid, argv = split_args(argv, list(paths))
+        grid, argv = split_args(argv, list(choices))
     except SweepError as e:
         raise ConfigError(str(e)) from None
-    args = parse_args(argv, paths)
+    args = parse_args(argv, choices)
     if args.loader:
         from core.loader_spec import absolute_target
 
@@ -438,7 +445,7 @@ def _main(argv: list[str]) -> int:
     if args.num_devices:
         raise ConfigError("--num-devices is for --loader-only; a run's devices are --num-gpus")
     registry.refuse_limits(framework, args)  # flags this framework's trainer cannot honour
-    cfg = config_from(args, paths)
+    cfg = config_from(args, choices)
     base = replace(cfg, shrunk={})  # a sweep applies the defaults per grid point
     comparison = check_compare(args, grid, cfg, framework)  # --compare: OLD read, before anything runs
     if grid is not None:
@@ -450,12 +457,12 @@ def _main(argv: list[str]) -> int:
         if task is None:
             from runner.local_cluster import run_local_cluster
 
-            validate(replace(cfg, endpoint=cfg.endpoint and cfg.endpoint.replace("{task}", "0")), paths)
+            validate(replace(cfg, endpoint=cfg.endpoint and cfg.endpoint.replace("{task}", "0")), framework)
             return run_local_cluster(argv, args.local_cluster, cfg.variable_update)
         from runner import bind_host
 
         bind_host.ensure(task.host_port, task.address, task.allow_remote)  # listen on the task's own address only
-    validate(cfg, paths)
+    validate(cfg, framework)
     if grid is not None and grid.get("emulate_rate"):
         _check_swept_rates(grid, cfg)
     from harness import plugin, run

@@ -62,6 +62,7 @@ class Declaration:
     delivers_words: Words | None = None
     host_cpu_advice: Words | None = None
     validate: Callable[[Any], None] | None = None
+    frameworks: tuple[str, ...] = ("tf", "torch")  # the trainers with a half of this path
 
     def words(self, field: str, framework: str) -> Any:
         """The field's value for `framework` (None: the InputPath default stands)."""
@@ -185,6 +186,13 @@ def load(framework: str) -> dict[str, type[InputPath]]:
         raise ConfigError(f"--framework {framework!r}: choose from {', '.join(sorted(_registry))}")
     importlib.import_module(FRAMEWORK_PACKAGES[framework])
     return dict(sorted(_registry[framework].items(), key=lambda kv: (kv[1].order, kv[0])))
+
+
+def registered(framework: str) -> dict[str, type[InputPath]]:
+    """The paths of `framework` registered so far, importing nothing (a class registered by the caller counts)."""
+    if framework not in _registry:
+        raise ConfigError(f"--framework {framework!r}: choose from {', '.join(sorted(_registry))}")
+    return dict(_registry[framework])
 
 
 def get(framework: str, name: str) -> type[InputPath]:

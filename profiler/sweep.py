@@ -70,6 +70,7 @@ COLUMNS = [
     "capacity_lo",
     "capacity_hi",
     "capacity_devices",
+    "capacity_place",
 ]
 
 
@@ -219,13 +220,16 @@ def rows_of(runs: list[dict]) -> list[dict]:
 def _capacity_cells(c: dict | None) -> dict:
     """A capacity run's figures for the row: capacity, its interval (hi None: open above), emulated devices."""
     if not c:
-        return dict.fromkeys(("capacity_images_per_sec", "capacity_lo", "capacity_hi", "capacity_devices"))
+        return dict.fromkeys(
+            ("capacity_images_per_sec", "capacity_lo", "capacity_hi", "capacity_devices", "capacity_place")
+        )
     lo, hi = (c.get("interval") or [None, None])[:2]
     return {
         "capacity_images_per_sec": c.get("images_per_sec"),
         "capacity_lo": lo,
         "capacity_hi": hi,
         "capacity_devices": c.get("devices"),
+        "capacity_place": c.get("place"),
     }
 
 
@@ -292,14 +296,16 @@ def to_markdown(rows: list[dict]) -> str:
         )
     capacity = any(r.get("capacity_devices") is not None for r in rows)
     if capacity:  # a capacity run: its answer beside the first probe's figures
-        head += ["capacity img/s (interval)", "emulated devices"]
+        head += ["capacity img/s (interval)", "emulated devices", "place"]
         for r, row in zip(rows, cells, strict=True):
-            row += [_capacity_text(r), _f(r.get("capacity_devices"), ".2f")]
+            place = r.get("capacity_place")
+            row += [_capacity_text(r), _f(r.get("capacity_devices"), ".2f"), "–" if place is None else str(place)]
     text = tabulate(cells, headers=head, tablefmt="github", disable_numparse=True) + "\n"
     if capacity:
         text += (
             "\nimages/s: each path's first probe, at the preset's rate. Capacity: the highest demand a probe kept "
-            "up with at >= 97% of the baseline, and its interval (docs/emulated.md); rank the paths by it.\n"
+            "up with at >= 97% of the baseline, and its interval (docs/emulated.md); rank the paths by it. Place: "
+            "paths whose intervals overlap (directly or through another path) share one; this run cannot order them.\n"
         )
     windows = sorted({r["windows"] for r in rows if r.get("windows")})
     if windows:

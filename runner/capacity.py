@@ -201,10 +201,44 @@ def _path_capacity(
 
 
 def _mark_overlaps(results: dict[str, dict]) -> None:
-    """Each path's `capacity.cannot_tell_from`: the other paths whose capacity intervals overlap its own."""
+    """Each path's `capacity.cannot_tell_from` (the other paths whose capacity intervals overlap its own) and
+    `capacity.place` (its place in the ranking, shared with the paths it cannot be told from)."""
     caps = {p: r["capacity"] for p, r in results.items() if r.get("capacity") and p != BASELINE}
     for p, c in caps.items():
         c["cannot_tell_from"] = [q for q, d in caps.items() if q != p and overlap(c.get("interval"), d.get("interval"))]
+    for place, group in enumerate(places(caps), 1):
+        for p in group:
+            caps[p]["place"] = place
+
+
+def places(caps: dict[str, dict]) -> list[list[str]]:
+    """The paths, best capacity first, in groups this run cannot order: paths whose intervals overlap share a
+    group, and so do two paths that each overlap a third (a chain of overlaps ranks nothing along it).
+
+    What a second run on the same machine reproduces: its single figures move with the machine, a place
+    moves only when an interval clears another's.
+    """
+    groups: list[set[str]] = []
+    for p, c in caps.items():
+        joined = [g for g in groups if any(q in c.get("cannot_tell_from", ()) for q in g)]
+        merged = {p}.union(*joined)
+        groups = [g for g in groups if g not in joined] + [merged]
+
+    def best(p: str) -> float:
+        return caps[p].get("images_per_sec") or 0.0
+
+    ordered = [sorted(g, key=best, reverse=True) for g in groups]
+    return sorted(ordered, key=lambda g: best(g[0]), reverse=True)
+
+
+def ranking_line(results: dict[str, dict]) -> str | None:
+    """'ranking: 1. a ≈ b, 2. c': each place's paths, those this run cannot order joined by ≈ (None: < 2 paths)."""
+    caps = {p: r["capacity"] for p, r in results.items() if r.get("capacity") and p != BASELINE}
+    if len(caps) < 2 or any("place" not in c for c in caps.values()):
+        return None
+    groups = places(caps)
+    text = ", ".join(f"{i}. {' ≈ '.join(g)}" for i, g in enumerate(groups, 1))
+    return f"ranking by capacity: {text} (≈: intervals that overlap, directly or through another path)"
 
 
 def _interval_text(c: dict) -> str:
@@ -261,7 +295,8 @@ def table(results: dict[str, dict]) -> str:
         headers=["input path", "capacity img/s", "interval", f"emulated {device}s", "probes", "bracket per device"],
         disable_numparse=True,
     )
-    return "\n".join([text, *overlap_lines(results), *failed_lines(results)])
+    ranking = ranking_line(results)
+    return "\n".join([text, *([ranking] if ranking else []), *overlap_lines(results), *failed_lines(results)])
 
 
 def failed_lines(results: dict[str, dict]) -> list[str]:

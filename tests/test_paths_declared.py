@@ -33,9 +33,13 @@ def declarations() -> dict[str, Path]:
 def test_every_path_of_both_frameworks_takes_its_identity_from_one_declaration():
     code = (
         "import json\n"
+        "from consumers.declared import declared\n"
         "from core import registry\n"
         "out = {}\n"
+        "words = lambda paths: [[n, p.summary, p.order, p.in_default_run] for n, p in paths.items()]\n"
+        "said = {fw: words(declared(fw)) for fw in ('tf', 'torch')}  # before any class is registered\n"
         "for fw in ('tf', 'torch'):\n"
+        "    out[f'{fw} (declared)'] = [said[fw], words(registry.load(fw))]\n"
         "    for name, cls in registry.load(fw).items():\n"
         "        d = cls.__dict__.get('declaration')\n"
         "        out[f'{fw} {name}'] = [cls.__module__, d and type(d).__module__, d and d.name,\n"
@@ -49,6 +53,9 @@ def test_every_path_of_both_frameworks_takes_its_identity_from_one_declaration()
     import json
 
     paths = json.loads(p.stdout.strip().splitlines()[-1])
+    for fw in ("tf", "torch"):  # what the CLI reads before the framework loads is what its classes say
+        said, classes = paths.pop(f"{fw} (declared)")
+        assert said == classes, fw
     assert len(paths) >= 15
     for key, (module, decl_module, decl_name, same) in paths.items():
         name = key.split(" ", 1)[1]
@@ -119,3 +126,32 @@ def test_no_path_computes_its_stage_figures_itself():
                 if keys:
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno} builds {sorted(keys)}")
     assert not found, "stage figures belong to profiler/telemetry.py:\n" + "\n".join(found)
+
+
+BAD_FLAGS = [
+    (["--recv-timeout", "-1"], "--recv-timeout: -1 must be a finite number above 0"),
+    (["--framework", "torch", "--fake-location", "nope"], "argument --fake-location: invalid choice: 'nope'"),
+    (["--fake-location", "spdl"], "invalid choice: 'spdl'"),  # a PyTorch-only path
+    (["--framework", "torch", "--fake-location", "spdl"], "--fake-location spdl needs --data DIR"),
+    (["--fake-location", "zmq-consume", "--producers", "0"], "--producers"),
+]
+
+
+def test_a_bad_flag_is_refused_before_either_framework_is_imported():
+    """The choices and the shared checks come from the declarations: a mistake costs a moment, not an import."""
+    code = (
+        "import json, sys\n"
+        "import bench_input\n"
+        "code = bench_input.main(json.loads(sys.argv[1]))\n"
+        "print(json.dumps([code, [m for m in ('tensorflow', 'torch', 'tensorpack') if m in sys.modules]]))\n"
+    )
+    import json
+
+    for argv, words in BAD_FLAGS:
+        p = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(argv)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+        rc, imported = json.loads(p.stdout.strip().splitlines()[-1])
+        assert rc == 2 and words in p.stderr, (argv, p.stderr[-1000:])
+        assert imported == [], (argv, imported)

@@ -9,8 +9,10 @@ import random
 import shutil
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
+import simplejpeg
 from PIL import Image
 from scipy import stats
 
@@ -20,7 +22,7 @@ from producers.cold_cache import drop_pages, resident_share
 from producers.commands import producer_command
 from producers.dataset import make_dataset, make_imagenet_like
 from producers.decode import DecodeSource
-from producers.jpeg_roi import MAX_CROP_PIXELS, RoiDecodeError, RoiDecoder, max_memory
+from producers.jpeg_roi import MAX_CROP_PIXELS, RoiDecodeError, RoiDecoder, halve, max_memory
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -299,3 +301,139 @@ def test_one_decoder_reused_over_many_files_and_crops_stays_exact(photos, gradie
         got = reused.decode(denom, rows, cols)
         want = whole[rows[0] : rows[1], cols[0] : cols[1]]
         np.testing.assert_array_equal(got, want, err_msg=f"{f.name} at 1/{denom}, rows {rows}, columns {cols}")
+
+
+@pytest.fixture(scope="module")
+def progressive(photos) -> dict[str, bytes]:
+    """Progressive photographs: 4:2:0 (its chroma needs AC scans at 1/8 scale), 4:4:4, and grayscale."""
+    img = Image.open(sorted(photos.rglob("*.JPEG"))[0]).convert("RGB").resize((333, 251))
+    out = {}
+    for name, im, save in [("420", img, {"subsampling": 2}), ("444", img, {"subsampling": 0}), ("grey", img, {})]:
+        buf = io.BytesIO()
+        (im.convert("L") if name == "grey" else im).save(buf, "JPEG", quality=90, progressive=True, **save)
+        out[name] = buf.getvalue()
+    return out
+
+
+def scans(data: bytes) -> list[tuple[int, int, int]]:
+    """(first byte of the entropy-coded data, spectral start, first component id) of each scan of a JPEG."""
+    found, i = [], 2
+    while data[i + 1] != 0xD9:
+        seg = 2 + (data[i + 2] << 8 | data[i + 3])
+        if data[i + 1] == 0xDA:
+            found.append((i + seg, data[i + 5 + 2 * data[i + 4]], data[i + 5]))
+            seg = (
+                next(
+                    j
+                    for j in range(i + seg, len(data) - 1)
+                    if data[j] == 0xFF and data[j + 1] not in (0, *range(0xD0, 0xD8))
+                )
+                - i
+            )
+        i += seg
+    return found
+
+
+@pytest.mark.parametrize("kind", ["420", "444", "grey"])
+def test_progressive_file_at_one_eighth_from_its_dc_scans_is_the_whole_decode(progressive, kind):
+    data, dec = progressive[kind], RoiDecoder()
+    hd = dec.header(data)
+    assert hd.progressive
+    h, w = -(-hd.height // 8), -(-hd.width // 8)
+    for rows, cols in [((0, h), (0, w)), ((5, h - 3), (7, w - 2)), ((h // 2, h // 2 + 1), (0, 1))]:
+        dec.header(data)
+        want = dec.decode(8, rows, cols, shortcuts=False).copy()
+        dec.header(data)
+        np.testing.assert_array_equal(dec.decode(8, rows, cols), want, err_msg=f"{kind}: rows {rows}, columns {cols}")
+    # The luma's AC scans are not read at 1/8: a run of 1-bits (no Huffman code) in one of them does not
+    # matter there, while a decode of every scan refuses the file.
+    start, _, _ = [s for s in scans(data) if s[1] > 0 and s[2] == 1][0]
+    broken = bytearray(data)
+    broken[start + 4 : start + 44] = b"\xff\x00" * 20
+    dec.header(bytes(broken))
+    np.testing.assert_array_equal(dec.decode(8, (0, h), (0, w)), dec_whole(data, 8))
+    dec.header(bytes(broken))
+    with pytest.raises(RoiDecodeError):
+        dec.decode(8, (0, h), (0, w), shortcuts=False)
+
+
+def dec_whole(data: bytes, denom: int, **kw) -> np.ndarray:
+    dec = RoiDecoder()
+    hd = dec.header(data)
+    return dec.decode(denom, (0, -(-hd.height // denom)), (0, -(-hd.width // denom)), **kw).copy()
+
+
+@pytest.mark.parametrize("denom", [1, 8])
+def test_truncated_progressive_file_is_refused_with_a_crop_at_its_top(progressive, denom):
+    # The rows below the crop are not decoded, but a file that ends before its last scan does is refused.
+    data, dec = progressive["420"], RoiDecoder()
+    dec.header(data[: scans(data)[-1][0] + 100])
+    with pytest.raises(RoiDecodeError, match="Premature end"):
+        dec.decode(denom, (0, 4), (0, 10))
+
+
+def test_progressive_rows_below_the_crop_are_not_decoded_yet_the_crop_is_exact(progressive):
+    rng, dec, whole = random.Random(3), RoiDecoder(), RoiDecoder()
+    for _ in range(60):
+        kind, denom, fast = rng.choice(sorted(progressive)), rng.choice([1, 2, 4, 8]), rng.random() < 0.7
+        data = progressive[kind]
+        hd = dec.header(data)
+        h, w = -(-hd.height // denom), -(-hd.width // denom)
+        y0, x0 = rng.randrange(h), rng.randrange(w)
+        rows, cols = (y0, rng.randrange(y0 + 1, h + 1)), (x0, rng.randrange(x0 + 1, w + 1))
+        got = dec.decode(denom, rows, cols, fast)
+        whole.header(data)
+        want = whole.decode(denom, rows, cols, fast, shortcuts=False)
+        np.testing.assert_array_equal(
+            got, want, err_msg=f"{kind} at 1/{denom} (fast={fast}), rows {rows}, columns {cols}"
+        )
+    assert dec.skipped_rows > 0 and whole.skipped_rows == 0
+    # A run of 1-bits (no Huffman code) near the end of every scan is never read for a crop at the top.
+    data = progressive["444"]
+    broken = bytearray(data)
+    for start, _, _ in scans(data):
+        end = start + next(i for i in range(len(data) - start) if data[start + i] == 0xFF and data[start + i + 1] != 0)
+        if end - start > 64:  # (a scan of a flat band may be a few bytes)
+            broken[end - 12 : end - 2] = b"\xff\x00" * 5
+    dec.header(bytes(broken))
+    np.testing.assert_array_equal(dec.decode(1, (0, 16), (0, 40)), dec_whole(data, 1)[:16, :40])
+    dec.header(bytes(broken))
+    with pytest.raises(RoiDecodeError):
+        dec.decode(1, (0, 16), (0, 40), shortcuts=False)
+
+
+@pytest.mark.parametrize("denom", [1, 2, 4, 8])
+def test_roi_decode_has_simplejpegs_pixels(photos, progressive, denom):
+    # simplejpeg's fastdct + fastupsample are the same libjpeg-turbo settings, decoded a whole image at once.
+    for data in [*(f.read_bytes() for f in sorted(photos.rglob("*.JPEG"))[:3]), *progressive.values()]:
+        whole = dec_whole(data, denom)
+        want = simplejpeg.decode_jpeg(
+            data, "RGB", fastdct=True, fastupsample=True, min_height=whole.shape[0], min_width=whole.shape[1],
+            min_factor=min(denom, 2),
+        )  # fmt: skip
+        np.testing.assert_array_equal(whole, want)
+
+
+@pytest.mark.parametrize(("fy", "fx"), [(1, 2), (2, 1), (2, 2)])
+def test_halve_averages_pairs_and_keeps_an_odd_edge(fy, fx):
+    img = np.random.default_rng(fy * 3 + fx).integers(0, 256, (37, 51 + 9, 3), np.uint8)[:, 4:55]  # strided rows
+    got = halve(img, fy, fx)
+    padded = np.pad(img.astype(int), ((0, 37 % fy), (0, 51 % fx), (0, 0)), mode="edge")  # odd edge: itself
+    want = padded.reshape(-(-37 // fy), fy, -(-51 // fx), fx, 3).sum((1, 3))
+    np.testing.assert_array_equal(got, (want + fy * fx // 2) // (fy * fx))
+    with pytest.raises(ValueError, match="RGB uint8"):
+        halve(img[..., :2], fy, fx)
+
+
+def test_crop_shrunk_two_to_four_times_along_one_axis_is_antialiased(photos):
+    out, area = np.empty((224, 224, 3), np.uint8), np.empty((224, 224, 3), np.uint8)
+    # One-pixel stripes: bilinear taps alone would alias them into bands; averaged, they are flat grey.
+    stripes = np.zeros((300, 520, 3), np.uint8)
+    stripes[:, ::2] = 255
+    decode._shrink_into(stripes, out)
+    assert abs(out.astype(int).mean() - 127.5) < 1 and out.std() < 2
+    # On a photograph it stays within rounding of OpenCV's area average.
+    photo = dec_whole(sorted(photos.rglob("*.JPEG"))[0].read_bytes(), 1)[:300, :470]
+    decode._shrink_into(photo, out)
+    cv2.resize(photo, (224, 224), dst=area, interpolation=cv2.INTER_AREA)
+    assert np.abs(out.astype(int) - area).mean() < 2

@@ -27,7 +27,7 @@ from profiler.uncertainty import (
     windows_needed,
 )
 from profiler.verdict import add_verdicts, verdict
-from runner.capacity import _mark_overlaps
+from runner.capacity import _mark_overlaps, places, ranking_line
 from runner.capacity import table as capacity_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -344,6 +344,52 @@ def test_paths_whose_capacity_intervals_overlap_are_named_as_not_told_apart():
     assert sum(p["repeat"] for p in results["zmq-consume"]["capacity"]["probes"]) >= 4
     png = capacity_png(results)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_noisy_paths_interval_closes_near_its_capacity_not_at_the_first_demand():
+    """`make bench`'s cpu path on 2 cores: tries at its upper end kept up, the search stepped up twice, stopped,
+    and the interval ran to the first probe's demand (1,040–14,000), overlapping every other path. Each step
+    up now goes on until a try falls short: the upper end stays near the capacity."""
+    truth = 1500 / 0.97
+    uppers, held = [], 0
+    for seed in range(300):
+        found = CapacitySearch(2, noisy_path(1500, 0.2, 2, seed), lambda r: 2 * r, confirm=3).run(7000)
+        lo, hi = found["interval"]
+        uppers.append((math.inf if hi is None else hi) / truth)
+        held += lo <= truth <= (math.inf if hi is None else hi)
+    assert held / 300 >= 0.95, held
+    assert max(uppers) < 4, sorted(uppers)[-5:]  # the first probe's demand is 9x the capacity
+
+
+def caps_of(intervals: dict[str, tuple[float, float]]) -> dict[str, dict]:
+    """Capacity results with these intervals (the capacity at the interval's middle)."""
+    results = {
+        p: {"capacity": {"images_per_sec": (lo + hi) / 2, "interval": [lo, hi], "devices": 1.0, "device": "H100",
+                         "device_images_per_sec": 7000.0, "bracket_per_device": [lo, hi], "probes": []}}
+        for p, (lo, hi) in intervals.items()
+    }  # fmt: skip
+    _mark_overlaps(results)
+    return results
+
+
+def test_paths_this_run_cannot_order_share_a_place():
+    """A `make bench` run on 2 cores (its capacity intervals): python-queue, python-dataset and zmq-consume
+    overlap one another, cpu is clear below them. The ranking says exactly that; and a chain of overlaps
+    (a overlaps b, b overlaps c, a clear of c) orders nothing along it."""
+    run = caps_of({"python-queue": (10147, 11638), "python-dataset": (8763, 12791), "zmq-consume": (8964, 10780),
+                   "cpu": (1845, 2587)})  # fmt: skip
+    assert [sorted(g) for g in places({p: r["capacity"] for p, r in run.items()})] == [
+        ["python-dataset", "python-queue", "zmq-consume"],
+        ["cpu"],
+    ]
+    assert {p: r["capacity"]["place"] for p, r in run.items()} == {
+        "python-queue": 1, "python-dataset": 1, "zmq-consume": 1, "cpu": 2,
+    }  # fmt: skip
+    line = ranking_line(run)
+    assert line.startswith("ranking by capacity: 1. python-queue ≈ python-dataset ≈ zmq-consume, 2. cpu"), line
+    assert line in capacity_table(run)
+    chain = caps_of({"a": (100, 200), "b": (190, 310), "c": (300, 400), "d": (500, 600)})
+    assert ranking_line(chain).startswith("ranking by capacity: 1. d, 2. c ≈ b ≈ a"), ranking_line(chain)
 
 
 # --- the plot ------------------------------------------------------------------------------------------

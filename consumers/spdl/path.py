@@ -19,4 +19,5 @@ PATH = Declaration(
     in_default_run=False,
     advice="raise the decode concurrency (--dali-threads), or decode in producers on other cores",
     validate=validate,
+    frameworks=("torch",),
 )

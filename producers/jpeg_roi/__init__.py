@@ -2,7 +2,10 @@
 
 `RoiDecoder.header` reads a file's header; the caller draws its crop from the
 size; `RoiDecoder.decode` decodes just that crop (optionally DCT-scaled by
-1/2, 1/4 or 1/8) into a reused buffer and returns it as a numpy view. The C
+1/2, 1/4 or 1/8) into a reused buffer and returns it as a numpy view; a
+progressive file's scans are entropy-decoded only down to the crop (and at
+1/8 scale only its DC scans), with the same pixels. `halve` is the
+antialiasing step of a resize that shrinks an axis 2x or more. The C
 side (`roi_decode.c`, built by `build.py`, on first use if need be) is called
 through ctypes, which releases the GIL for each call, so decoding threads run
 in parallel. Memory is bounded: libjpeg may take at most `max_memory()` bytes
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +28,9 @@ _WIDEN = 32
 # J_COLOR_SPACE values of jpeglib.h.
 COLOUR_SPACES = {0: "unknown", 1: "grayscale", 2: "RGB", 3: "YCbCr", 4: "CMYK", 5: "YCCK"}
 
+# roi_decode's flags (roi_decode.c).
+_FAST, _DC_SCANS, _SKIP_BELOW = 1, 2, 4
+
 _LIB: ctypes.CDLL | None = None
 _LOCK = threading.Lock()
 _LOCAL = threading.local()
@@ -34,9 +40,8 @@ class RoiDecodeError(ValueError):
     """A file the ROI decoder cannot or will not decode; the message says why."""
 
 
-@dataclass(frozen=True)
-class JpegHeader:
-    """What a JPEG's header says: size, colour space, whether it is progressive."""
+class JpegHeader(NamedTuple):
+    """What a JPEG's header says: size, colour space, whether it is progressive (a tuple: made per file)."""
 
     width: int
     height: int
@@ -64,6 +69,10 @@ def library() -> ctypes.CDLL:
             lib.roi_decode.restype = i
             lib.roi_decode.argtypes = [p, i, i, i, i, i, p, ctypes.c_long, ctypes.c_long, i,
                                        ctypes.POINTER(i), ctypes.POINTER(d)]  # fmt: skip
+            lib.roi_skipped_rows.restype = ctypes.c_long
+            lib.roi_skipped_rows.argtypes = [p]
+            lib.roi_halve.restype = None
+            lib.roi_halve.argtypes = [p, ctypes.c_long, i, i, i, i, p, ctypes.c_long]
             _LIB = lib
     return _LIB
 
@@ -93,6 +102,11 @@ class RoiDecoder:
             self._lib.roi_free(self._ctx)
             self._ctx = None
 
+    @property
+    def skipped_rows(self) -> int:
+        """iMCU rows of progressive scans this decoder has left undecoded below its crops so far."""
+        return int(self._lib.roi_skipped_rows(self._ctx))
+
     @classmethod
     def for_thread(cls) -> RoiDecoder:
         """This thread's decoder (a context is not safe to share between threads)."""
@@ -112,10 +126,15 @@ class RoiDecoder:
         w, h, cs, prog, comps = self._info
         return JpegHeader(w, h, COLOUR_SPACES.get(cs, str(cs)), bool(prog), comps)
 
-    def decode(self, denom: int, rows: tuple[int, int], cols: tuple[int, int], fast: bool = True) -> np.ndarray:
+    def decode(
+        self, denom: int, rows: tuple[int, int], cols: tuple[int, int], fast: bool = True, shortcuts: bool = True
+    ) -> np.ndarray:
         """Rows and columns [start, stop) of the image scaled by 1/denom, as an RGB view of a reused buffer.
 
-        Call right after `header`. The view is valid until the next decode.
+        Call right after `header`. The view is valid until the next decode. `fast`: fast integer IDCT and
+        merged chroma upsampling. `shortcuts`: a progressive file is entropy-decoded only down to the crop's
+        last rows in each scan, and at 1/8 scale from its DC scans alone (the same pixels; False decodes all
+        of it, for comparison).
         """
         (y0, y1), (x0, x1) = rows, cols
         stride = (x1 - x0 + _WIDEN) * 3
@@ -127,7 +146,7 @@ class RoiDecoder:
         if self._buffer.size < need:
             self._buffer = np.empty(need, np.uint8)
         rc = self._lib.roi_decode(self._ctx, denom, y0, y1, x0, x1, self._buffer.ctypes.data, stride,
-                                  self._buffer.size, int(fast), self._got, self._times)  # fmt: skip
+                                  self._buffer.size, _FAST * fast | (_DC_SCANS | _SKIP_BELOW) * shortcuts, self._got, self._times)  # fmt: skip
         self._data = b""
         if rc != 0:
             raise self._error()
@@ -135,3 +154,19 @@ class RoiDecoder:
         xoff, width = self._got
         img = self._buffer[:need].reshape(y1 - y0, x1 - x0 + _WIDEN, 3)
         return img[:, x0 - xoff : x0 - xoff + (x1 - x0)]
+
+
+def halve(img: np.ndarray, fy: int, fx: int) -> np.ndarray:
+    """`img` (RGB uint8, rows may be strided) averaged over its 2x1 (fy=2), 1x2 (fx=2) or 2x2 blocks.
+
+    The antialiasing step before a bilinear resize that shrinks an axis 2x or more: a fraction of the cost
+    of OpenCV's INTER_AREA, which has no fast path for such shapes.
+    """
+    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8 or img.strides[1:] != (3, 1):
+        raise ValueError(f"halve needs an RGB uint8 image with contiguous rows, not {img.dtype} {img.shape}")
+    if fy not in (1, 2) or fx not in (1, 2):
+        raise ValueError(f"halve halves an axis or leaves it: fy={fy}, fx={fx}")
+    rows, cols = img.shape[:2]
+    out = np.empty((-(-rows // fy), -(-cols // fx), 3), np.uint8)
+    library().roi_halve(img.ctypes.data, img.strides[0], rows, cols, fy, fx, out.ctypes.data, out.strides[0])
+    return out

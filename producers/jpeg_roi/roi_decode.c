@@ -5,7 +5,8 @@
  * crop: libjpeg DCT scaling by 1/denom, jpeg_skip_scanlines() over the rows
  * above the crop (entropy decoding only), jpeg_crop_scanline() so only the
  * crop's columns (widened to whole iMCUs) are transformed and colour
- * converted, and decoding stops after the crop's last row.
+ * converted, and decoding stops after the crop's last row. A progressive
+ * file decoded at 1/8 scale is decoded from its DC scans alone.
  *
  * Loaded with ctypes, which releases the GIL around every call.
  * Every libjpeg error and warning (corrupt or truncated data) ends the call
@@ -20,8 +21,13 @@
 #include <time.h>
 
 #include <jpeglib.h>
+#include <jpegint.h> /* the entropy decoder's insufficient_data, DSTATE_PRELOAD */
 
 #define ROI_MAX_MEMORY (256L << 20)
+#define ROI_FAST 1     /* flags: fast integer IDCT and merged (non-fancy) chroma upsampling */
+#define ROI_DC_SCANS 2 /* flags: decode a progressive file at 1/8 scale from its DC scans alone */
+#define ROI_SKIP_BELOW 4 /* flags: in a multi-scan file, skip each scan's rows below the crop */
+#define ROI_ROWS_PER_CALL 64 /* more than an iMCU row of any scale (at most 16 rows) */
 
 typedef struct {
   struct jpeg_error_mgr pub;
@@ -34,6 +40,14 @@ typedef struct {
   int has_header;
   unsigned char *row4; /* one CMYK row, converted to RGB by hand */
   size_t row4_cap;
+  const unsigned char *data; /* the file being decoded (the caller keeps it alive) */
+  unsigned long size;
+  unsigned char *dc; /* a progressive file's DC scans alone, for a decode at 1/8 scale */
+  size_t dc_cap;
+  struct jpeg_progress_mgr progress; /* called between iMCU rows while a multi-scan file is read */
+  JDIMENSION stop_row;               /* iMCU rows of each scan the crop needs */
+  int skipped_scan;                  /* the last scan whose rows below stop_row were skipped */
+  long skipped_rows;                 /* iMCU rows skipped so far (for tests) */
   char message[JMSG_LENGTH_MAX + 64];
 } roi_ctx;
 
@@ -62,6 +76,7 @@ void roi_free(roi_ctx *ctx) {
   if (!ctx) return;
   jpeg_destroy_decompress(&ctx->cinfo);
   free(ctx->row4);
+  free(ctx->dc);
   free(ctx);
 }
 
@@ -105,6 +120,8 @@ int roi_header(roi_ctx *ctx, const unsigned char *data, unsigned long size, int 
   if (create(ctx) != 0) return fail(ctx, "cannot create a JPEG decompressor");
   if (setjmp(ctx->err.jump)) return fail(ctx, NULL); /* after create(), whose setjmp this replaces */
   if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return fail(ctx, "not a JPEG (no start-of-image marker)");
+  ctx->data = data;
+  ctx->size = size;
   jpeg_mem_src(ci, data, size);
   jpeg_read_header(ci, TRUE);
   info[0] = (int)ci->image_width;
@@ -127,29 +144,29 @@ static void cmyk_to_rgb(const unsigned char *in, unsigned char *out, JDIMENSION 
   }
 }
 
+/* Rows [output_scanline, y1) into `out`. Many rows per call: libjpeg then writes each row group (two rows of
+ * 4:2:0) straight into the output, where one row per call would go through its spare row and a copy. */
 static void read_rows(roi_ctx *ctx, unsigned char *out, long stride, JDIMENSION y0, JDIMENSION y1, int cmyk) {
   struct jpeg_decompress_struct *ci = &ctx->cinfo;
-  while (ci->output_scanline < y1) {
-    JSAMPROW row = out + (long)(ci->output_scanline - y0) * stride;
-    if (!cmyk) {
-      jpeg_read_scanlines(ci, &row, 1);
-      continue;
+  if (!cmyk) {
+    JSAMPROW rows[ROI_ROWS_PER_CALL];
+    while (ci->output_scanline < y1) {
+      JDIMENSION n = y1 - ci->output_scanline;
+      if (n > ROI_ROWS_PER_CALL) n = ROI_ROWS_PER_CALL;
+      for (JDIMENSION i = 0; i < n; i++) rows[i] = out + (long)(ci->output_scanline + i - y0) * stride;
+      jpeg_read_scanlines(ci, rows, n);
     }
-    JSAMPROW tmp = ctx->row4;
+    return;
+  }
+  while (ci->output_scanline < y1) {
+    JSAMPROW row = out + (long)(ci->output_scanline - y0) * stride, tmp = ctx->row4;
     jpeg_read_scanlines(ci, &tmp, 1);
     cmyk_to_rgb(ctx->row4, row, ci->output_width, ci->saw_Adobe_marker);
   }
 }
 
-/* Decode rows [y0, y1) and columns [x0, x1) of the image scaled by 1/denom into `out`
- * (RGB, rows `stride` bytes apart, `capacity` bytes). The columns decoded start at
- * got[0] (<= x0) and are got[1] wide; times: header-to-start, skip, rows (seconds). */
-int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned char *out, long stride,
-               long capacity, int fast, int *got, double *times) {
-  struct jpeg_decompress_struct *ci = &ctx->cinfo;
-  if (!ctx->has_header) return fail(ctx, "no header read");
-  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
-  double t0 = now();
+/* Output parameters: scale 1/denom, RGB (CMYK converted by hand), the IDCT and upsampling asked for. */
+static void set_output(struct jpeg_decompress_struct *ci, int denom, int fast) {
   int cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
   ci->scale_num = 1;
   ci->scale_denom = (unsigned)denom;
@@ -157,6 +174,118 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
   ci->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
   ci->do_fancy_upsampling = fast ? FALSE : TRUE;
   jpeg_calc_output_dimensions(ci);
+}
+
+/* The end of the entropy-coded data starting at d[j]: the next marker (0xFF, then neither 0x00 nor a restart
+ * marker nor another 0xFF fill byte), or 0 when the data ends first. */
+static size_t scan_end(const unsigned char *d, size_t n, size_t j) {
+  for (;;) {
+    const unsigned char *f = j < n ? memchr(d + j, 0xFF, n - j) : NULL;
+    if (!f || (size_t)(f - d) + 1 >= n) return 0;
+    j = (size_t)(f - d);
+    unsigned char b = d[j + 1];
+    if (b != 0x00 && b != 0xFF && (b < 0xD0 || b > 0xD7)) return j;
+    j += b == 0xFF ? 1 : 2;
+  }
+}
+
+/* Copy a progressive JPEG into `out` (at least n bytes) without the AC scans (spectral selection starting
+ * above 0) of the components whose ids are set in `dc_only`; return its length, or 0 if the stream does not
+ * parse up to its end-of-image marker. A component libjpeg transforms with its 1x1 IDCT (at 1/8 scale: the
+ * luma, and the chroma too unless subsampled) uses its DC coefficient alone, so its DC scans give the same
+ * pixels as the whole file, without entropy-decoding its AC scans (most of the file and of the time). */
+static size_t dc_scans(const unsigned char *d, size_t n, const unsigned char *dc_only, unsigned char *out) {
+  size_t i = 2, o = 2;
+  memcpy(out, d, 2);
+  for (;;) {
+    while (i + 1 < n && d[i] == 0xFF && d[i + 1] == 0xFF) i++; /* fill bytes */
+    if (i + 1 >= n || d[i] != 0xFF) return 0;
+    unsigned char m = d[i + 1];
+    if (m == 0xD9) {
+      out[o] = 0xFF, out[o + 1] = 0xD9;
+      return o + 2;
+    }
+    if (i + 4 > n || (m >= 0xD0 && m <= 0xD8) || m == 0x01 || m == 0x00) return 0; /* no segment here */
+    size_t seg = 2 + ((size_t)d[i + 2] << 8 | d[i + 3]);
+    if (seg < 4 || i + seg > n) return 0;
+    int keep = 1;
+    if (m == 0xDA) { /* SOS: Ns, Ns (component, tables) pairs, Ss, Se, Ah/Al; then the entropy-coded data */
+      size_t ss = i + 5 + 2 * (size_t)d[i + 4];
+      size_t end = scan_end(d, n, i + seg);
+      if (ss >= i + seg || !end) return 0;
+      keep = d[ss] == 0;
+      for (size_t k = i + 5; k < ss; k += 2) keep |= !dc_only[d[k]];
+      seg = end - i;
+    }
+    if (keep) memcpy(out + o, d + i, seg), o += seg;
+    i += seg;
+  }
+}
+
+/* For a progressive file decoded at 1/8: restart the decompressor without the AC scans of the components that
+ * need only their DC coefficients (set_output() done). No block smoothing: it would estimate the missing AC
+ * coefficients (and, in libjpeg-turbo 2.1, adjust DC) from neighbouring blocks. */
+static int use_dc_scans(roi_ctx *ctx) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  unsigned char dc_only[256] = {0};
+  for (int i = 0; i < ci->num_components; i++)
+    if (ci->comp_info[i].DCT_scaled_size == 1) dc_only[ci->comp_info[i].component_id & 0xFF] = 1;
+  if (ctx->dc_cap < ctx->size) {
+    free(ctx->dc);
+    ctx->dc_cap = 0;
+    if (!(ctx->dc = malloc(ctx->size))) return 0;
+    ctx->dc_cap = ctx->size;
+  }
+  size_t n = dc_scans(ctx->data, ctx->size, dc_only, ctx->dc);
+  if (!n) return 0; /* not parsed: the whole file is decoded, and libjpeg says what is wrong with it */
+  jpeg_abort_decompress(ci);
+  jpeg_mem_src(ci, ctx->dc, n);
+  jpeg_read_header(ci, TRUE);
+  ci->do_block_smoothing = FALSE;
+  return 1;
+}
+
+/* The progress monitor, called before each step of jpeg_start_decompress()'s reading of a multi-scan
+ * (progressive) file, one iMCU row of one scan per step. Once a scan has reached the last iMCU row the crop
+ * needs, the source jumps to the scan's end (its next marker) and the entropy decoder is told the data ran
+ * out, so it leaves the remaining rows' blocks untouched without reading them: the rows below the crop are
+ * never entropy-decoded. The rows above must be (their end-of-band runs and DC predictions carry on); the
+ * rows output are the same as a whole decode's. Not with restart markers (the decoder would look for them
+ * past the jump) nor arithmetic coding; nor when the data ends before a marker (a truncated file fails as
+ * it would otherwise). */
+static void skip_rest_of_scan(j_common_ptr c) {
+  roi_ctx *ctx = (roi_ctx *)c->client_data;
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  if (ci->global_state != DSTATE_PRELOAD || ci->restart_interval || ci->arith_code || !ci->entropy) return;
+  if (ci->input_iMCU_row < ctx->stop_row || ci->input_iMCU_row >= ci->total_iMCU_rows ||
+      ctx->skipped_scan == ci->input_scan_number)
+    return;
+  if (!ci->unread_marker) { /* else the decoder has already read up to the scan's end */
+    size_t end = scan_end(ci->src->next_input_byte, ci->src->bytes_in_buffer, 0);
+    if (!end) return;
+    ci->src->next_input_byte += end;
+    ci->src->bytes_in_buffer -= end;
+  }
+  ci->entropy->insufficient_data = TRUE;
+  ctx->skipped_scan = ci->input_scan_number;
+  ctx->skipped_rows += ci->total_iMCU_rows - ci->input_iMCU_row;
+}
+
+long roi_skipped_rows(roi_ctx *ctx) { return ctx->skipped_rows; }
+
+/* Decode rows [y0, y1) and columns [x0, x1) of the image scaled by 1/denom into `out`
+ * (RGB, rows `stride` bytes apart, `capacity` bytes). The columns decoded start at
+ * got[0] (<= x0) and are got[1] wide; times: header-to-start, skip, rows (seconds). */
+int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned char *out, long stride,
+               long capacity, int flags, int *got, double *times) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  if (!ctx->has_header) return fail(ctx, "no header read");
+  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
+  double t0 = now();
+  set_output(ci, denom, flags & ROI_FAST);
+  if ((flags & ROI_DC_SCANS) && denom == 8 && ci->progressive_mode && use_dc_scans(ctx))
+    set_output(ci, denom, flags & ROI_FAST);
+  int cmyk = ci->out_color_space == JCS_CMYK;
   if (y0 < 0 || x0 < 0 || y1 <= y0 || x1 <= x0 || (JDIMENSION)y1 > ci->output_height ||
       (JDIMENSION)x1 > ci->output_width)
     return fail(ctx, "crop box outside the scaled image");
@@ -172,7 +301,18 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
       return fail(ctx, NULL);
     }
   }
-  jpeg_start_decompress(ci); /* a progressive file is entropy-decoded whole here */
+  if (flags & ROI_SKIP_BELOW) {
+    /* iMCU rows are max_v_samp_factor * min_DCT_scaled_size output rows; one more for fancy upsampling's context */
+    JDIMENSION imcu = (JDIMENSION)(ci->max_v_samp_factor * ci->min_DCT_scaled_size);
+    ctx->stop_row = (JDIMENSION)(y1 - 1) / imcu + 2;
+    ctx->skipped_scan = -1;
+    ctx->progress.progress_monitor = skip_rest_of_scan;
+    ci->progress = &ctx->progress;
+  }
+  /* a progressive file is entropy-decoded here: the rows the crop needs of each scan (of its DC scans alone
+   * at 1/8 scale) */
+  jpeg_start_decompress(ci);
+  ci->progress = NULL;
   JDIMENSION xoff = (JDIMENSION)x0, width = (JDIMENSION)(x1 - x0);
   if (width < ci->output_width) jpeg_crop_scanline(ci, &xoff, &width);
   if ((long)width * 3 > stride || (long)(y1 - y0 - 1) * stride + (long)width * 3 > capacity)
@@ -197,4 +337,30 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
   times[1] = t2 - t1;
   times[2] = t3 - t2;
   return 0;
+}
+
+/* Halve an RGB image (rows x cols, rows `src_stride` bytes apart) along y if fy == 2 and along x if fx == 2
+ * (each 1 or 2), averaging each pair or 2x2 block with rounding, into `dst`: ceil(rows / fy) x ceil(cols / fx),
+ * rows `dst_stride` bytes apart (an odd last row or column is averaged with itself). The antialiasing step
+ * before a bilinear resize of a crop shrunk 2x or more along an axis, at a fraction of INTER_AREA's cost. */
+void roi_halve(const unsigned char *src, long src_stride, int rows, int cols, int fy, int fx, unsigned char *dst,
+               long dst_stride) {
+  int out_rows = (rows + fy - 1) / fy, out_cols = (cols + fx - 1) / fx;
+  for (int r = 0; r < out_rows; r++) {
+    const unsigned char *a = src + (long)r * fy * src_stride;
+    const unsigned char *b = fy == 2 && r * 2 + 1 < rows ? a + src_stride : a;
+    unsigned char *o = dst + (long)r * dst_stride;
+    int pairs = fx == 2 ? cols / 2 : 0;
+    if (fx == 2) {
+      for (int c = 0; c < pairs * 3; c += 3)
+        for (int k = 0; k < 3; k++) {
+          const unsigned char *p = a + 2 * c + k, *q = b + 2 * c + k;
+          o[c + k] = (unsigned char)((p[0] + p[3] + q[0] + q[3] + 2) >> 2);
+        }
+    } else {
+      for (int c = 0; c < cols * 3; c++) o[c] = (unsigned char)((a[c] + b[c] + 1) >> 1);
+    }
+    if (fx == 2 && cols % 2) /* the odd last column: its own pixel(s) */
+      for (int k = 0; k < 3; k++) o[pairs * 3 + k] = (unsigned char)((a[(cols - 1) * 3 + k] + b[(cols - 1) * 3 + k] + 1) >> 1);
+  }
 }

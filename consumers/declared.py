@@ -1,0 +1,59 @@
+"""Every input path of a framework as its declaration says, without importing that framework.
+
+What the command line needs before anything heavy loads (the --fake-location
+choices and their help, the default run): a bad flag is refused in a moment,
+and a PyTorch run's own process need not import TensorFlow, nor the reverse.
+The framework's classes (core.registry.load) take the same identity from the
+same declarations; a class registered before the call (a path defined outside
+the project) counts too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+
+import consumers
+from core import registry
+
+
+@dataclass(frozen=True)
+class DeclaredPath:
+    """A path's identity for one framework: what the CLI and the default run read."""
+
+    name: str
+    summary: str
+    order: int
+    in_default_run: bool
+
+
+def declarations() -> list[registry.Declaration]:
+    """Each `consumers/<path>/path.py`'s PATH, in folder order."""
+    found = []
+    for info in pkgutil.iter_modules(consumers.__path__):
+        if info.ispkg:
+            module = importlib.import_module(f"consumers.{info.name}.path")
+            found.append(module.PATH)
+    return found
+
+
+def declared(framework: str) -> dict[str, DeclaredPath]:
+    """{name: its identity} for `framework`, in table order (the order registry.load gives its classes)."""
+    paths = {
+        d.name: DeclaredPath(d.name, d.words("summary", framework), d.order, d.in_default_run)
+        for d in declarations()
+        if framework in d.frameworks
+    }
+    for name, cls in registry.registered(framework).items():
+        paths[name] = DeclaredPath(name, cls.summary, cls.order, cls.in_default_run)
+    return dict(sorted(paths.items(), key=lambda kv: (kv[1].order, kv[0])))
+
+
+def check_declared(cfg) -> None:
+    """Each chosen path's declared checks (those both halves share), before any framework loads (ConfigError)."""
+    by_name = {d.name: d for d in declarations()}
+    for name in cfg.paths:
+        d = by_name.get(name)
+        if d is not None and d.validate is not None:
+            d.validate(cfg)
