@@ -336,6 +336,14 @@ def check_epochs(args) -> None:
         raise ConfigError(f"--epochs runs one copy of the loader, not the worker sweep: drop {', '.join(sweep)}")
 
 
+def check_loader_only_flags(args) -> None:
+    """--tune and --target-rate, and --epochs: --loader-only's own flags, each refused where it does not belong."""
+    if args.tune or args.target_rate is not None:
+        check_tune(args)
+    if args.epochs is not None:
+        check_epochs(args)
+
+
 def check_tune(args) -> None:
     """--tune and --target-rate belong to --loader-only; --tune needs one demand and is not the epoch report."""
     from core.errors import ConfigError
@@ -436,10 +444,7 @@ def _main(argv: list[str]) -> int:
         args.loader = absolute_target(args.loader)  # producers and ranks run in the project's folder
     check_places(args)
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
-    if args.tune or args.target_rate is not None:
-        check_tune(args)
-    if args.epochs is not None:
-        check_epochs(args)
+    check_loader_only_flags(args)
     if args.loader_only:
         return _loader_only(args)
     if args.num_devices:
