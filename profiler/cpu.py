@@ -77,24 +77,18 @@ def tree_cpu_seconds(pid: int) -> float | None:
     each pass (no `persistent_workers`), provided the loader joins them, as
     PyTorch's does.
     """
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            continue
-    return total
+    return _tree_sum(pid, lambda p: sum(p.cpu_times()[:4]))  # user, system, children_user, children_system
 
 
 def tree_rss_bytes(pid: int) -> int | None:
     """Resident memory of a process and every process it started (summed: pages they share count in each),
     or None if it is gone; the figure the timeline draws per stage."""
+    return _tree_sum(pid, lambda p: p.memory_info().rss)
+
+
+def _tree_sum(pid: int, figure) -> float | None:
+    """`figure(process)` summed over a process and every process it started (one that ends meanwhile counts
+    nothing), or None if the process is gone."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -103,7 +97,7 @@ def tree_rss_bytes(pid: int) -> int | None:
     total = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            total += figure(p)
         except psutil.Error:
             continue
     return total
