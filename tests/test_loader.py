@@ -239,12 +239,9 @@ def test_a_loader_that_cannot_be_found_is_one_line(bad):
 # --------------------------------------------------------------------------- alone: rate, scaling, stages
 
 
-PLAIN_LOOP = """
-import sys, time
-sys.path.insert(0, sys.argv[1])
-import torchvision_imagefolder as ex
-loader = ex.make_loader(sys.argv[2], batch_size=8, image_size=64, num_workers=0, seed=0)
-images, t0, seconds = 0, None, float(sys.argv[3])
+# Images per second of `loader` over the last argument's seconds, its first batch left out (a script's tail).
+TIMED_LOOP = """
+images, t0, seconds = 0, None, float(sys.argv[-1])
 while True:
     for i, (x, _y) in enumerate(loader):
         if t0 is None:
@@ -256,6 +253,15 @@ while True:
             print(images / (time.perf_counter() - t0))
             sys.exit(0)
 """
+PLAIN_LOOP = (
+    """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import torchvision_imagefolder as ex
+loader = ex.make_loader(sys.argv[2], batch_size=8, image_size=64, num_workers=0, seed=0)
+"""
+    + TIMED_LOOP
+)
 
 
 def _plain_loop_rate(data: str, seconds: float) -> float:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.schema import check_part
-from tests.test_loader import error_lines, finish, left_in_session, start
+from tests.test_loader import TIMED_LOOP, error_lines, finish, left_in_session, start
 
 ROOT = Path(__file__).resolve().parent.parent
 TV = "examples/torchvision_imagefolder.py:make_loader"
@@ -117,24 +117,16 @@ def test_a_demand_no_setting_meets_names_the_shortfall_and_the_limiting_stage(da
     assert f"the limit is the stage {stage}" in text and "x short" in text
 
 
-PLAIN_LOOP = """
+PLAIN_LOOP = (
+    """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import torchvision_imagefolder as ex
 from torch.utils.data import DataLoader
 loader = eval(sys.argv[3], {"DataLoader": DataLoader, "dataset": ex.make_dataset(sys.argv[2], image_size=32)})
-images, t0, seconds = 0, None, float(sys.argv[4])
-while True:
-    for i, (x, _y) in enumerate(loader):
-        if t0 is None:
-            if i >= 1:
-                t0 = time.perf_counter()
-            continue
-        images += len(x)
-        if time.perf_counter() - t0 >= seconds:
-            print(images / (time.perf_counter() - t0))
-            sys.exit(0)
 """
+    + TIMED_LOOP
+)
 
 
 @pytest.mark.timing
