@@ -29,7 +29,7 @@ op: $(STAMP)
 	$(PY) zmq_ops/build.py
 	$(PY) zmq_ops/build.py --receiver
 	$(PY) models/tf/emulated_op/build.py
-	$(PY) producers/jpeg_roi/build.py
+	$(PY) core/images/jpeg_roi/build.py
 
 bench: install
 	$(PY) bench_input.py $(BENCH_ARGS)

@@ -36,10 +36,12 @@ from tabulate import tabulate
 
 from consumers.zmq_pull import PullConsumer
 from core.cli_types import positive_int
-from producers import decode
+from core.images import decoders
+from core.images.decoders import DECODERS, DEFAULT_DECODER
+from core.images.files import DatasetError, list_images
 from producers.cold_cache import drop_pages, resident_share
 from producers.commands import producer_command
-from producers.decode import DECODERS, DEFAULT_DECODER, DatasetError, DecodeSource, list_images
+from producers.decode import DecodeSource
 from profiler.summary import Summary
 
 NextBatch = Callable[[], int]  # makes one batch, returns its images
@@ -73,7 +75,7 @@ def python_batches(args: argparse.Namespace, decoder: str) -> NextBatch:
 
 def dali_pipeline(args: argparse.Namespace, roi: bool, threads: int):
     """DALI on the CPU: full decode + random_resized_crop, or its ROI decoder + resize."""
-    from producers.dali_source import build_pipeline, import_dali
+    from core.images.dali import build_pipeline, import_dali
 
     files, labels, _ = list_images(args.data, args.list)
     if not roi:
@@ -175,14 +177,14 @@ def run(args: argparse.Namespace) -> int:
     files = [Path(args.data) / f for f in names]
     results, stages = [], {}
     for producer, stack, run_one in candidates(args, files):
-        decode.reset_stages()
+        decoders.reset_stages()
         try:
             r = run_one()
         except ImportError as e:
             print(f"note: {producer} {stack} skipped: {e}", file=sys.stderr)
             continue
         results.append((producer, stack, r))
-        line = _stages_line(r.get("stages") or decode.stage_ms())
+        line = _stages_line(r.get("stages") or decoders.stage_ms())
         if line:
             stages[f"{producer} / {stack}"] = line
         print(f"  {producer} / {stack}: {r['per_core'].median:.0f} images/s per core", file=sys.stderr, flush=True)

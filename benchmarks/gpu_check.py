@@ -5,8 +5,8 @@ it runs, each in its own process (this module imports neither framework):
 
 1. TensorFlow's real placement of every path and variable update on one GPU,
    compared with the plan; with 2+ GPUs also the replicated (NCCL all-reduce)
-   graphs for two (`python -m tf_trainer.gpu_check`);
-2. the PyTorch trainer's own check on one GPU (`python -m torch_trainer.gpu_check`):
+   graphs for two (`python -m harness.tf.gpu_check`);
+2. the PyTorch trainer's own check on one GPU (`python -m harness.torch.gpu_check`):
    pinned and pageable host-to-device bandwidth, then every path in one
    torchrun launch (zmq-consume over shm:// in a second), start-up shared;
 3. a short run of every default TensorFlow path on one GPU;
@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BUDGET_S = 450  # the whole check: 7.5 minutes, within eight with room for start-up and the table
 # (title, module and arguments, cap in seconds): the caps add up to BUDGET_S at most.
 STEPS = (
-    ("TensorFlow: placement of every path, as planned?", ["-m", "tf_trainer.gpu_check", "--num-gpus", "1"], 120),
-    ("PyTorch: bandwidth and every path, one GPU", ["-m", "torch_trainer.gpu_check", "--num-gpus", "1"], 170),
+    ("TensorFlow: placement of every path, as planned?", ["-m", "harness.tf.gpu_check", "--num-gpus", "1"], 120),
+    ("PyTorch: bandwidth and every path, one GPU", ["-m", "harness.torch.gpu_check", "--num-gpus", "1"], 170),
     ("TensorFlow: every default path, one GPU, short run", ["bench_input.py", "--framework", "tf"], 160),
 )
 # A short schedule in mixed precision (as the published rates): enough steps past start-up for a ratio.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import consumers
 from core import registry
@@ -36,6 +37,19 @@ def declarations() -> list[registry.Declaration]:
             module = importlib.import_module(f"consumers.{info.name}.path")
             found.append(module.PATH)
     return found
+
+
+def half_modules(framework: str) -> list[str]:
+    """The module names of `framework`'s halves (`consumers/<path>/<framework>.py`), in folder order.
+
+    Only names: the framework's own registration (consumers/tf_paths.py,
+    consumers/torch_paths.py) imports them, so a new path is a new folder.
+    """
+    return [
+        f"consumers.{info.name}.{framework}"
+        for info in pkgutil.iter_modules(consumers.__path__)
+        if info.ispkg and (Path(consumers.__path__[0]) / info.name / f"{framework}.py").is_file()
+    ]
 
 
 def declared(framework: str) -> dict[str, DeclaredPath]:

@@ -66,7 +66,7 @@ class BenchConfig:
     max_msg_size: int | None = None
     json_path: str | None = None
     telemetry: bool = True  # per-stage telemetry and a verdict (--no-telemetry to compare its overhead)
-    telemetry_every: int = 4  # trace every n-th measured step for input wait (tf_trainer/telemetry.py)
+    telemetry_every: int = 4  # trace every n-th measured step for input wait (harness/tf/telemetry.py)
     producer_busy_wait: bool = False  # producers spin while the consumer has no room (a polling loader)
     producer_cpu_ms: float | None = None  # synthetic producers spend this CPU time per batch (a CPU-hungry loader)
     producer_rate: float | None = None  # cap each producer worker at this many images/s (a slow loader)

@@ -781,3 +781,8 @@ def stop_children(keep: set[int]) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def worker_seed(seed: int, producer_id: int) -> int:
+    """Worker `producer_id`'s shard of the seed: every worker of every producer draws differently."""
+    return seed * 100_003 + producer_id

@@ -5,9 +5,10 @@ path must provide, and each path is one subclass in one file, registered by
 name with `@register`. What a path is (its name, summary, order, advice and
 shared flag checks) is declared once, in `consumers/<path>/path.py`, and both
 frameworks' classes take it from there (`declaration`). The TensorFlow
-classes live in `tf_trainer/inputs/`, the PyTorch ones in
-`torch_trainer/inputs/`; each of those packages imports every module in its
-folder (a class registered from anywhere, as the tests do, works too).
+half sits beside it in `consumers/<path>/tf.py`, the PyTorch half in
+`consumers/<path>/torch.py`; `consumers/tf_paths.py` and
+`consumers/torch_paths.py` import every half of their framework (a class
+registered from anywhere, as the tests do, works too).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any, ClassVar
 
 from core.errors import ConfigError
 
-# Where each framework's input paths live; loading the package registers them.
-FRAMEWORK_PACKAGES = {"tf": "tf_trainer.inputs", "torch": "torch_trainer.inputs"}
+# The module that imports every half of a framework's input paths, registering them.
+FRAMEWORK_PACKAGES = {"tf": "consumers.tf_paths", "torch": "consumers.torch_paths"}
 BASELINE = "gpu"
 
 _registry: dict[str, dict[str, type[InputPath]]] = {fw: {} for fw in FRAMEWORK_PACKAGES}
@@ -46,7 +47,7 @@ IDENTITY = (
 class Declaration:
     """One input path as both frameworks know it, declared once in `consumers/<path>/path.py`.
 
-    Each framework's half (`tf_trainer/inputs/<path>.py`, `torch_trainer/inputs/<path>.py`) names it
+    Each framework's half (`consumers/<path>/tf.py`, `consumers/<path>/torch.py`) names it
     as its `declaration` and takes every field from it, so the CLI's choices and
     help, the report and the verdict's advice read one place. `validate` holds
     the flag checks both halves share; a half adds only what its framework needs.
@@ -181,7 +182,7 @@ def register(cls: type[InputPath]) -> type[InputPath]:
 
 
 def load(framework: str) -> dict[str, type[InputPath]]:
-    """Every registered path of `framework`, importing its package of paths first."""
+    """Every registered path of `framework`, importing its halves first."""
     if framework not in _registry:
         raise ConfigError(f"--framework {framework!r}: choose from {', '.join(sorted(_registry))}")
     importlib.import_module(FRAMEWORK_PACKAGES[framework])

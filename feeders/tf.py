@@ -2,7 +2,8 @@
 
 With staging, step k trains on the batch copied to the device during step
 k-1, so the host-to-device copy overlaps compute, as in tensorflow/benchmarks.
-The on-device baseline needs no staging: its data never moves.
+The on-device baseline needs no staging: its data never moves; it and the
+in-graph DALI path put their tensors on the tower's device (`tower_device`).
 """
 
 from __future__ import annotations
@@ -69,3 +70,14 @@ class Staging:
 
     def live(self) -> str:
         return ""
+
+
+def tower_device() -> str:
+    """The device an op created here would run on: the tower's, under any device function.
+
+    Made for inputs that must live on their tower's device: enter
+    `tf.device(tower_device())` and the parameter-server device function
+    leaves what is created inside where it is.
+    """
+    probe = tf.no_op(name="tower_device")
+    return probe.device

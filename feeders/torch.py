@@ -74,7 +74,7 @@ class Prefetcher:
         source_stage: str = "feedbench.source",
     ) -> None:
         self.device = device
-        self.source_stage = source_stage  # its range in a --profile trace (torch_trainer/tracing.py)
+        self.source_stage = source_stage  # its range in a --profile trace (harness/torch/tracing.py)
         self.check = check  # called while the step waits: raises if the source can no longer deliver
         self.cuda = device.type == "cuda"
         self.depth = depth

@@ -4,7 +4,7 @@
 (torch 2.14.1 on the 2-core development machine; docs/profiling.md), so the
 paths, the feeders and the trainer open ranges through `stage()`, which
 returns a shared no-op context unless a profiler is recording (0.3 µs). The
-range names and `--profile` itself: torch_trainer/tracing.py.
+range names and `--profile` itself: harness/torch/tracing.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from core.config import BenchConfig
 from core.errors import ConfigError
 
 # Where each framework's plugin lives; importing it is the only place a framework is loaded.
-PLUGINS = {"tf": "tf_trainer.plugin", "torch": "torch_trainer.plugin"}
+PLUGINS = {"tf": "harness.tf.plugin", "torch": "harness.torch.plugin"}
 
 
 class Trainer(Protocol):

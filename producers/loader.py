@@ -17,13 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.cli_types import positive_float, positive_int
-from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches
+from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches, worker_seed
 from producers.options import add_send_args, run_producer
-
-
-def worker_seed(seed: int, producer_id: int) -> int:
-    """Worker `producer_id`'s shard of the seed: every worker of every producer draws differently."""
-    return seed * 100_003 + producer_id
 
 
 @dataclass(frozen=True)

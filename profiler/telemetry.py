@@ -1,6 +1,6 @@
 """Each stage's figures as a named dict, computed from what the stage recorded (no framework imports).
 
-The trainer side samples the stages (tf_trainer/telemetry.py for TensorFlow)
+The trainer side samples the stages (harness/tf/telemetry.py for TensorFlow)
 and hands the raw samples here; the verdict (profiler/verdict.py) only reads
 the dicts these functions return. The names and fields are the `telemetry`
 block of docs/results.md.

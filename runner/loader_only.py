@@ -27,10 +27,9 @@ from multiprocessing.connection import Connection, wait
 import psutil
 
 from core.errors import ConfigError, FeedbenchError
-from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches
+from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches, worker_seed
 from producers import parent
 from producers.launcher import stop_workers
-from producers.loader import worker_seed
 from profiler.cpu import tree_cpu_seconds, tree_rss_bytes
 from profiler.loader_report import Demand
 from profiler.timeline import Timeline

@@ -67,16 +67,16 @@ env_report() {
 
 export -f env_report; export PY
 step env 30 bash -c env_report
-step bandwidth 60 "$PY" -m torch_trainer.bandwidth "${BW[@]}"
+step bandwidth 60 "$PY" -m harness.torch.bandwidth "${BW[@]}"
 step headline 170 "$PY" bench_input.py "${MODEL[@]}" --json "$OUT/headline.json"
 step shm 80 "$PY" bench_input.py "${MODEL[@]}" --fake-location zmq-consume --transport shm --json "$OUT/shm.json"
 step input-only 70 "$PY" bench_input.py "${MODEL[@]}" --input-only --json "$OUT/input_only.json"
-step check 100 "$PY" -m torch_trainer.gpu_check "${CHECK[@]}" \
+step check 100 "$PY" -m harness.torch.gpu_check "${CHECK[@]}" \
     --paths gpu,cpu,python-queue,python-dataset,zmq-consume,zmq-consume-shm --json "$OUT/check.json"
 step capacity 400 "$PY" bench_input.py "${CAPACITY[@]}" --json "$OUT/capacity.json"
 
-# What a run may leave: shared memory, and producer or rank processes (python -m producers / torch_trainer.run).
-left=$(pgrep -c -f "^[^ ]*python[0-9.]* -m (producers|torch_trainer)" || true)
+# What a run may leave: shared memory, and producer or rank processes (python -m producers / harness.torch.run).
+left=$(pgrep -c -f "^[^ ]*python[0-9.]* -m (producers|harness\.torch)" || true)
 echo "== left behind: $(ls /dev/shm | wc -l) entries in /dev/shm; producer or rank processes: $left" | tee -a "$LOG"
 tar -C "$OUT" -czf "$OUT/results.tar.gz" --exclude results.tar.gz . 2>/dev/null
 exit 0

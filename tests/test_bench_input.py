@@ -14,7 +14,7 @@ from tensorpack.callbacks import Callback
 from core import registry
 from core.config import BenchConfig, apply_defaults
 from frameworks.tf_env import import_tf
-from tf_trainer.run import InputError, run_path
+from harness.tf.run import InputError, run_path
 
 tf = import_tf()
 pytestmark = pytest.mark.timeout(300)

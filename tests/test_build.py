@@ -1,4 +1,4 @@
-"""`tf_trainer.run.build`: a run's graph, per path, without training it, binding anything or starting producers."""
+"""`harness.tf.run.build`: a run's graph, per path, without training it, binding anything or starting producers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from core import registry
 from core.config import BenchConfig, apply_defaults
 from core.registry import BASELINE
-from tf_trainer.run import build
+from harness.tf.run import build
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,8 +29,8 @@ def test_build_puts_each_tower_on_its_own_device_and_binds_nothing(path, ipc_dir
 
 def test_each_path_lives_in_its_own_file():
     # Paths registered from outside the project (tests/test_extra_path.py does) are not the project's.
-    ours = [n for n in registry.names("tf") if registry.get("tf", n).__module__.startswith("tf_trainer.inputs.")]
+    ours = [n for n in registry.names("tf") if registry.get("tf", n).__module__.startswith("consumers.")]
     assert BASELINE in ours and len(ours) >= 6
     for name in ours:
         where = inspect.getfile(registry.get("tf", name))
-        assert where.endswith(os.path.join("tf_trainer", "inputs", name.replace("-", "_") + ".py")), (name, where)
+        assert where.endswith(os.path.join("consumers", name.replace("-", "_"), "tf.py")), (name, where)

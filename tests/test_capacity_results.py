@@ -56,7 +56,7 @@ def bad(tmp_path_factory) -> str:
 def test_a_probe_measures_the_path_at_its_demand_not_its_slow_start(bad):
     """Two producers, each slow for its first 40 batches (4 s), then far faster than the demand (400 img/s):
     a probe at 400 img/s must see the path keep up, not the 160 img/s of its start."""
-    from tf_trainer.run import run_path
+    from harness.tf.run import run_path
 
     cfg = BenchConfig(
         model="emulated", emulate_rate=400.0, num_gpus=1, image_size=16, batch=8,
@@ -69,7 +69,7 @@ def test_a_probe_measures_the_path_at_its_demand_not_its_slow_start(bad):
 
 def test_a_path_whose_probes_crash_leaves_the_other_paths_capacity(bad):
     """python-queue's producers die in every probe (tried twice); cpu, searched after it, still gets its capacity."""
-    from tf_trainer.run import run_path
+    from harness.tf.run import run_path
 
     cfg = BenchConfig(
         model="emulated", emulate_rate=2000.0, num_gpus=1, image_size=16, batch=8,

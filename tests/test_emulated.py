@@ -12,9 +12,9 @@ import pytest
 
 from core.config import BASELINE, BenchConfig, apply_defaults
 from core.emulate import PRESETS, EmulateError, Emulation
+from harness.tf.run import run_path
 from profiler.attribution import add_attribution, sentence
 from runner.capacity import find_capacities
-from tf_trainer.run import run_path
 
 pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from tensorpack.input_source import InputSource, TensorInput
 
+from consumers.tf_half import TFInputPath, random_batch
 from core.registry import register
 from frameworks.tf_env import import_tf
-from tf_trainer.inputs.base import TFInputPath, random_batch
 
 tf = import_tf()
 ROOT = Path(__file__).resolve().parent.parent

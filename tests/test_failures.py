@@ -26,9 +26,9 @@ from conftest import descendants
 from consumers.zmq_pull import PullConsumer
 from core.config import BenchConfig, apply_defaults
 from core.errors import InputError
+from harness.tf.run import run_path
 from producers.commands import producer_argv as producer_command
 from runner.producer_group import ProducerGroup
-from tf_trainer.run import run_path
 from wire import message
 from wire.endpoints import EndpointError
 

@@ -16,9 +16,9 @@ import pytest
 from benchmarks.gpu_check import ROOT, ratio_table
 from core import gpus
 from frameworks.tf_env import import_tf
+from harness.tf import devices
+from harness.tf.gpu_check import check_path, moved_ops, placed_devices
 from tests.test_gpu_fallback import gpu_machine  # noqa: F401 (a fixture: nvidia-smi reporting two GPUs)
-from tf_trainer import devices
-from tf_trainer.gpu_check import check_path, moved_ops, placed_devices
 
 tf = import_tf()
 
@@ -67,7 +67,7 @@ def test_the_ratio_table_has_a_row_per_path_and_a_column_per_trainer():
 
 def test_the_checks_step_caps_fit_in_eight_minutes_with_room_on_one_gpu():
     from benchmarks.gpu_check import BUDGET_S, SHORT_RUN, STEPS
-    from torch_trainer.gpu_check import PATHS, launches
+    from harness.torch.gpu_check import PATHS, launches
 
     assert sum(cap for _, _, cap in STEPS) <= BUDGET_S <= 8 * 60 - 30
     for _, args, _ in STEPS[:2]:  # placement and the torch check: one GPU
@@ -140,7 +140,7 @@ def test_a_slowdown_its_input_wait_does_not_explain_fails():
 
 
 def test_regions_cuda_refused_fail_the_torch_check():
-    from torch_trainer.gpu_check import shm_problem
+    from harness.torch.gpu_check import shm_problem
 
     assert shm_problem({"zero_copy": True, "cuda_regions": {"registered": 4, "refused": 0}}) is None
     assert shm_problem({"zero_copy": False, "cuda_regions": {"registered": 3, "refused": 1}}) == (
@@ -159,7 +159,7 @@ def unseen_gpus_machine(gpu_machine):  # noqa: F811 (the imported fixture, used)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("module", ["torch_trainer.gpu_check", "torch_trainer.bandwidth"])
+@pytest.mark.parametrize("module", ["harness.torch.gpu_check", "harness.torch.bandwidth"])
 def test_torch_that_cannot_see_the_drivers_gpus_fails_naming_the_driver_and_the_fix(unseen_gpus_machine, module):
     p = subprocess.run(
         [sys.executable, "-m", module], cwd=ROOT, capture_output=True, text=True, env=unseen_gpus_machine

@@ -18,8 +18,8 @@ import pytest
 
 from core import gpus
 from frameworks.tf_env import import_tf
-from tf_trainer import devices, kernels
-from tf_trainer.run import QUIET, warn_soft_placement
+from harness.tf import devices, kernels
+from harness.tf.run import QUIET, warn_soft_placement
 
 tf = import_tf()
 

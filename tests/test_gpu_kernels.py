@@ -17,8 +17,8 @@ import pytest
 from core import registry
 from core.config import BenchConfig, apply_defaults
 from frameworks.tf_env import import_tf
-from tf_trainer.kernels import gpu_device, missing_gpu_kernels, registry_has_gpu_kernels
-from tf_trainer.run import build
+from harness.tf.kernels import gpu_device, missing_gpu_kernels, registry_has_gpu_kernels
+from harness.tf.run import build
 
 tf = import_tf()
 registry.load("tf")

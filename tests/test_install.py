@@ -102,7 +102,7 @@ def installed(tmp_path_factory) -> Install:
 def test_every_package_and_its_files_are_installed(installed):
     site = installed.site_packages()
     packages = shipped_packages(ROOT)
-    assert {"torch_trainer", "tf_trainer", "zmq_ops", "core"} <= {p.name for p in packages}
+    assert {"harness", "consumers", "feeders", "models", "zmq_ops", "core"} <= {p.name for p in packages}
     missing = [str(f) for p in packages for f in source_files(p) if not (site / f).is_file()]
     assert not missing, f"not installed: {missing}"
     assert (site / "bench_input.py").is_file()
@@ -112,8 +112,8 @@ def test_every_package_and_its_files_are_installed(installed):
 
 def test_the_installed_code_is_what_runs(installed):
     code = (
-        "import json, bench_input, torch_trainer.inputs, models.tf.emulated_op, zmq_ops, runner\n"
-        "print(json.dumps([m.__file__ for m in (bench_input, torch_trainer.inputs, models.tf.emulated_op,"
+        "import json, bench_input, consumers.torch_paths, models.tf.emulated_op, zmq_ops, runner\n"
+        "print(json.dumps([m.__file__ for m in (bench_input, consumers.torch_paths, models.tf.emulated_op,"
         " zmq_ops, runner)]))"
     )
     out = installed.run(installed.python, "-c", code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,21 +14,32 @@ NEUTRAL = ("core", "wire", "producers", "consumers", "profiler", "runner", "harn
 FRAMEWORK_BENCHMARKS = {"benchmarks.bench_op"}
 # Checks that drive a framework's own code by design (a GPU self-check, a trainer's overhead), named here.
 FRAMEWORK_AWARE: set[str] = set()
-PACKAGES = (*NEUTRAL, "feeders", "frameworks", "models", "tf_trainer", "torch_trainer", "zmq_ops")
+PACKAGES = (*NEUTRAL, "feeders", "frameworks", "models", "zmq_ops")
+# The framework halves inside the neutral folders: each input path's `tf.py` and `torch.py`, what several
+# halves of one framework share (consumers/tf_*.py, consumers/torch_*.py), and the two trainers (harness/tf/,
+# harness/torch/), the harness's framework plugins. Everything else in NEUTRAL is framework-free.
+TF_HALF = re.compile(r"^(consumers\.[a-z0-9_]+\.tf|consumers\.tf_[a-z0-9_]+|harness\.tf(\..+)?)$")
+TORCH_HALF = re.compile(r"^(consumers\.[a-z0-9_]+\.torch|consumers\.torch_[a-z0-9_]+|harness\.torch(\..+)?)$")
 
 
-def modules(packages) -> list[str]:
+def is_half(module: str) -> bool:
+    return bool(TF_HALF.match(module) or TORCH_HALF.match(module))
+
+
+def modules(packages, halves: bool = True) -> list[str]:
     out = []
     for pkg in packages:
         for f in sorted((ROOT / pkg).rglob("*.py")):
             rel = f.relative_to(ROOT).with_suffix("")
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-            out.append(".".join(parts))
+            name = ".".join(parts)
+            if halves or not is_half(name):
+                out.append(name)
     return out
 
 
 def test_the_neutral_packages_import_neither_tensorflow_nor_torch():
-    names = [m for m in modules(NEUTRAL) if m not in FRAMEWORK_BENCHMARKS and not m.endswith("__main__")]
+    names = [m for m in modules(NEUTRAL, halves=False) if m not in FRAMEWORK_BENCHMARKS and not m.endswith("__main__")]
     code = (
         "import importlib, sys\n"
         f"for m in {names!r}:\n"
@@ -102,17 +114,43 @@ def imports_of_any(module: str) -> set[str]:
     return out
 
 
-FRAMEWORKS = ("tensorflow", "torch", "tensorpack", "tf_trainer", "torch_trainer")
+FRAMEWORKS = ("tensorflow", "torch", "tensorpack")
 
 
 def test_no_neutral_module_imports_a_framework_even_inside_a_function():
     """The harness drives both trainers through their plugins (loaded by name), never by importing them."""
     bad = []
-    for m in modules(NEUTRAL):
+    for m in modules(NEUTRAL, halves=False):
         if m in FRAMEWORK_BENCHMARKS or m in FRAMEWORK_AWARE:
             continue
         for n in imports_of_any(m):
-            if any(n == f or n.startswith(f + ".") for f in FRAMEWORKS):
+            if any(n == f or n.startswith(f + ".") for f in FRAMEWORKS) or is_half(n):
+                bad.append(f"{m} imports {n}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_framework_halves_are_where_the_layout_says():
+    """Each path's halves sit beside its declaration; the trainers are the harness's plugins, not top-level."""
+    halves = [m for m in modules(PACKAGES) if is_half(m)]
+    assert "consumers.zmq_consume.tf" in halves and "consumers.zmq_consume.torch" in halves
+    assert "harness.tf.plugin" in halves and "harness.torch.plugin" in halves
+    assert not (ROOT / "tf_trainer").exists() and not (ROOT / "torch_trainer").exists()
+    for trainer in ("harness/tf", "harness/torch"):
+        assert not (ROOT / trainer / "inputs").exists(), f"an input path under {trainer}"
+        assert not (ROOT / trainer / "models").exists(), f"a model under {trainer}"
+    for f in (ROOT / "harness").rglob("*.py"):  # a path is a registered InputPath; a model is an nn.Module/ModelDesc
+        text = f.read_text()
+        assert "@register" not in text and "(nn.Module)" not in text and "(ModelDesc)" not in text, f
+
+
+def test_a_tensorflow_half_never_imports_torch_nor_a_pytorch_half_tensorflow():
+    bad = []
+    for m in modules(PACKAGES):
+        other = ("torch",) if TF_HALF.match(m) else ("tensorflow", "tensorpack") if TORCH_HALF.match(m) else ()
+        for n in imports_of_any(m):
+            if any(n == f or n.startswith(f + ".") for f in other):
+                bad.append(f"{m} imports {n}")
+            if (TF_HALF.match(m) and TORCH_HALF.match(n)) or (TORCH_HALF.match(m) and TF_HALF.match(n)):
                 bad.append(f"{m} imports {n}")
     assert not bad, "\n".join(bad)
 

@@ -17,7 +17,7 @@ from core.registry import IDENTITY
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where the halves and the declarations live; core/registry.py only gives the fields their defaults.
-SOURCES = ("consumers", "tf_trainer", "torch_trainer", "feeders", "models", "harness", "profiler", "runner")
+SOURCES = ("consumers", "feeders", "models", "harness", "profiler", "runner")
 # What profiler/telemetry.py computes from a stage's counts: a path that builds these itself bypasses it.
 FIGURE_KEYS = {"messages_per_sec", "bytes_per_sec", "latency_ms_mean", "recv_wait_ms_mean", "empty_share", "full_share"}
 

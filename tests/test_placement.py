@@ -1,6 +1,6 @@
 """Where a run on a machine with N GPUs puts things, read from the graph itself, without a GPU.
 
-`tf_trainer.run.build(..., has_gpu=True)` builds the graph exactly as on a
+`harness.tf.run.build(..., has_gpu=True)` builds the graph exactly as on a
 GPU machine (the CPU remap only happens without a GPU), and building needs
 no device. The input-only stand-in carries the full matrix of paths, variable
 updates, data formats and precisions for 2 and 4 GPUs; ResNet-50 itself is
@@ -16,8 +16,8 @@ import pytest
 from core import registry
 from core.config import BenchConfig, apply_defaults
 from frameworks.tf_env import import_tf
-from tf_trainer.placement import TOWER_INPUTS, VARIABLE_OPS
-from tf_trainer.run import build
+from harness.tf.placement import TOWER_INPUTS, VARIABLE_OPS
+from harness.tf.run import build
 
 tf = import_tf()
 registry.load("tf")
@@ -49,7 +49,7 @@ def make(path: str, n: int, update=("replicated", "cpu"), resnet: bool = False, 
 
 
 # Ops that only view or convert a tensor where it is: a variable's read, and the baseline's
-# bitcast, reshape and cast from the types a GPU variable holds (tf_trainer/inputs/gpu.py).
+# bitcast, reshape and cast from the types a GPU variable holds (consumers/gpu/tf.py).
 VIEWS = frozenset({"Identity", "Bitcast", "Reshape", "StridedSlice", "Cast"})
 
 

@@ -13,10 +13,10 @@ from tensorflow.core.framework.step_stats_pb2 import StepStats
 
 from core import registry
 from core.config import BenchConfig, apply_defaults
+from harness.tf.run import run_path
 from profiler.sweep import COLUMNS, SweepError, split_args
 from profiler.telemetry import exposed_input_us
 from profiler.verdict import add_verdicts, level_of, line, verdict
-from tf_trainer.run import run_path
 
 pytestmark = pytest.mark.timeout(180)
 PATHS = registry.names("tf")

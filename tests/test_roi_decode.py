@@ -17,12 +17,12 @@ from PIL import Image
 from scipy import stats
 
 from consumers.zmq_pull import PullConsumer
-from producers import decode
+from core.images import decoders
+from core.images.jpeg_roi import MAX_CROP_PIXELS, RoiDecodeError, RoiDecoder, halve, max_memory
 from producers.cold_cache import drop_pages, resident_share
 from producers.commands import producer_command
 from producers.dataset import make_dataset, make_imagenet_like
 from producers.decode import DecodeSource
-from producers.jpeg_roi import MAX_CROP_PIXELS, RoiDecodeError, RoiDecoder, halve, max_memory
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -130,10 +130,10 @@ def test_every_odd_file_is_decoded_or_named_bad(imagenet_like):
     for name, info in manifest.items():
         data = (imagenet_like / name).read_bytes()
         if info["kind"] == "png":
-            with pytest.raises(decode.NotJpegError, match="not a JPEG but PNG"):
-                decode.DECODERS["roi"](data, random.Random(0), out)
+            with pytest.raises(decoders.NotJpegError, match="not a JPEG but PNG"):
+                decoders.DECODERS["roi"](data, random.Random(0), out)
             continue
-        decode.DECODERS["roi"](data, random.Random(0), out)
+        decoders.DECODERS["roi"](data, random.Random(0), out)
         assert out.std() > 3, f"{name} ({info['kind']}) decoded to a blank image"
         if info["kind"] == "grayscale":
             assert (out[..., 0] == out[..., 1]).all() and (out[..., 1] == out[..., 2]).all()
@@ -163,7 +163,7 @@ def test_producer_counts_the_png_as_bad_with_its_reason(procs, ipc_dir, imagenet
     assert batches[-1].header.extras["bad_files"] == 1
     assert f"{png}: not a JPEG but PNG" in err, err
     stages = batches[-1].header.extras["stage_ms"]
-    assert set(stages) <= set(decode.STAGES) and stages["rows"] > 0 and stages["resize"] > 0
+    assert set(stages) <= set(decoders.STAGES) and stages["rows"] > 0 and stages["resize"] > 0
 
 
 def test_truncated_and_corrupt_files_are_refused_with_the_reason(photos):
@@ -200,7 +200,7 @@ def test_16k_file_is_decoded_with_bounded_memory(procs, huge):
     # In a fresh process: its peak resident memory shows what decoding the file cost.
     script = (
         "import random, resource, sys, numpy as np\n"
-        "from producers.decode import DECODERS\n"
+        "from core.images.decoders import DECODERS\n"
         "data = open(sys.argv[1], 'rb').read(); out = np.empty((224, 224, 3), np.uint8)\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "rng = random.Random(0)\n"
@@ -430,10 +430,10 @@ def test_crop_shrunk_two_to_four_times_along_one_axis_is_antialiased(photos):
     # One-pixel stripes: bilinear taps alone would alias them into bands; averaged, they are flat grey.
     stripes = np.zeros((300, 520, 3), np.uint8)
     stripes[:, ::2] = 255
-    decode._shrink_into(stripes, out)
+    decoders._shrink_into(stripes, out)
     assert abs(out.astype(int).mean() - 127.5) < 1 and out.std() < 2
     # On a photograph it stays within rounding of OpenCV's area average.
     photo = dec_whole(sorted(photos.rglob("*.JPEG"))[0].read_bytes(), 1)[:300, :470]
-    decode._shrink_into(photo, out)
+    decoders._shrink_into(photo, out)
     cv2.resize(photo, (224, 224), dst=area, interpolation=cv2.INTER_AREA)
     assert np.abs(out.astype(int) - area).mean() < 2

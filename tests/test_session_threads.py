@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """
 import os
 from frameworks.tf_env import import_tf
-from tf_trainer import devices
+from harness.tf import devices
 
 tf = import_tf()
 v1 = tf.compat.v1

@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from consumers.torch_half import RankContext  # noqa: E402
 from core.config import BenchConfig  # noqa: E402
-from torch_trainer.inputs.base import RankContext  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

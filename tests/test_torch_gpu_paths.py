@@ -17,14 +17,14 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: gpu_check runs for real")
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_succeeds():
-    p = subprocess.run([sys.executable, "-m", "torch_trainer.gpu_check"], cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "harness.torch.gpu_check"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines() == ["gpu-check (PyTorch): no CUDA GPU on this machine; nothing to check"]
 
 
 def test_channels_last_is_the_default_on_cuda_with_float16_and_the_run_says_why_not_otherwise():
     from core.config import BenchConfig
-    from torch_trainer.plugin import channels_last_default
+    from harness.torch.plugin import channels_last_default
 
     half = BenchConfig(use_fp16=True)
     assert "NHWC" in channels_last_default(half, gpus=1) and half.data_format == "NHWC"

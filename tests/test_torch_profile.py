@@ -43,7 +43,7 @@ def _names(trace: dict) -> list[str]:
 
 @pytest.mark.parametrize("path", ["gpu", "python-queue"])
 def test_every_rank_writes_a_chrome_trace_with_the_input_and_the_step_as_ranges(profiled, path):
-    from torch_trainer.tracing import ACTIVE_STEPS, trace_file
+    from harness.torch.tracing import ACTIVE_STEPS, trace_file
 
     for rank in range(RANKS):
         trace = json.loads(open(trace_file(str(profiled["logdir"]), path, rank)).read())
@@ -87,7 +87,7 @@ def test_stage_is_a_named_range_only_under_a_profiler():
 
 
 def test_how_to_open_names_both_viewers_and_what_they_need():
-    from torch_trainer.tracing import how_to_open
+    from harness.torch.tracing import how_to_open
 
     text = how_to_open("/tmp/p")
     assert "ui.perfetto.dev" in text and "/tmp/p/<path>/rank<r>.pt.trace.json" in text

@@ -29,9 +29,9 @@ def cmdline(p: psutil.Process) -> str:
 
 
 def is_rank(p: psutil.Process) -> bool:
-    """A rank (python -m torch_trainer.run), not torchrun's launcher, whose arguments name it too."""
+    """A rank (python -m harness.torch.run), not torchrun's launcher, whose arguments name it too."""
     line = cmdline(p)
-    return "-m torch_trainer.run" in line
+    return "-m harness.torch.run" in line
 
 
 def wait_for(pid: int, what: str, n: int, timeout: float = 240) -> list[psutil.Process]:

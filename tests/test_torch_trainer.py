@@ -38,7 +38,7 @@ def every_path(jpegs, tmp_path_factory) -> dict:
     """One torchrun launch, two CPU ranks (gloo), training every PyTorch path in turn."""
     from consumers.expect import receive_cap
     from core.config import BenchConfig, apply_defaults
-    from torch_trainer.launch import Nodes, launch
+    from harness.torch.launch import Nodes, launch
 
     cfg = BenchConfig(
         paths=[p for p in PATHS if p != "spdl" or importlib.util.find_spec("spdl")],
@@ -75,8 +75,8 @@ def test_every_path_trains_two_ranks_with_finite_loss(every_path, path):
 @pytest.mark.parametrize("path", sorted(PRODUCER_PATHS & set(PATHS)))
 def test_producer_paths_account_for_every_batch(every_path, path):
     """Each rank pulls from its own producer (ids 0 and 1000 for --producers 2), nothing lost or repeated."""
-    from torch_trainer.inputs.python_queue import PythonQueue
-    from torch_trainer.inputs.zmq_consume import SLOTS
+    from consumers.torch_paths.python_queue import PythonQueue
+    from consumers.torch_paths.zmq_consume import SLOTS
 
     r = every_path[path]
     rows = r["producers"]
@@ -98,7 +98,7 @@ def test_in_process_loaders_feed_exactly_the_steps(every_path, path):
 
 def test_the_trainer_imports_no_tensorflow():
     code = (
-        "import sys, core.registry as r; r.load('torch'); import torch_trainer.run, torch_trainer.launch;"
+        "import sys, core.registry as r; r.load('torch'); import harness.torch.run, harness.torch.launch;"
         "sys.exit('tensorflow' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -51,6 +51,6 @@ def test_unknown_version_is_one_clear_error():
 
 
 def test_copy_bandwidth_is_measured():
-    from torch_trainer.bandwidth import copy_gbps
+    from harness.torch.bandwidth import copy_gbps
 
     assert copy_gbps(1_000_000, pinned=False, repeats=2) > 0

@@ -1,0 +1,55 @@
+"""`cpu`: random images made by PyTorch on the host every step, then copied to the device.
+
+The naive feeder: the generation sits on the step's critical path, so the
+input wait is all of it. The copy itself is what any feeder must do: from a
+small ring of pinned buffers, queued on the step's stream without the host
+waiting for it (a pageable copy would block the host every step). A buffer is
+written again only once its last copy is done.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from consumers.cpu.path import PATH
+from consumers.torch_half import RankContext, TorchInputPath, labels_of
+from core.registry import register
+from feeders.torch import to_device
+from frameworks.torch_trace import stage
+
+RING = 4  # host buffers: the step's copy may still be reading the last few
+
+
+@register
+class HostRandom(TorchInputPath):
+    declaration = PATH
+
+    def open(self, ctx: RankContext) -> None:
+        super().open(ctx)
+        self.g = torch.Generator().manual_seed(ctx.rank)
+        self.cuda = ctx.device.type == "cuda"
+        b, s = self.cfg.batch, self.cfg.image_size
+        self.ring = [
+            (torch.empty((b, s, s, 3), dtype=torch.uint8, pin_memory=self.cuda),
+             torch.empty((b,), dtype=torch.int32, pin_memory=self.cuda))
+            for _ in range(RING if self.cuda else 1)
+        ]  # fmt: skip
+        self.copied: list[torch.cuda.Event | None] = [None] * len(self.ring)
+        self.k = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        i = self.k % len(self.ring)
+        self.k += 1
+        if self.copied[i] is not None:
+            self.copied[i].synchronize()  # this buffer's last copy is done (queued RING steps ago)
+        images, labels = self.ring[i]
+        with stage("feedbench.generate"):
+            torch.randint(0, 256, images.shape, generator=self.g, out=images)
+            torch.randint(0, 1000, labels.shape, generator=self.g, out=labels)
+        if not self.cuda:
+            return images, labels_of(labels)
+        out = to_device((images, labels), self.ctx.device)
+        ev = torch.cuda.Event()
+        ev.record()
+        self.copied[i] = ev
+        return out[0], labels_of(out[1])

@@ -1,0 +1,100 @@
+"""`spdl`: a current loader for reference, SPDL's pipeline decoding the JPEG folder in the trainer process.
+
+SPDL (Meta's Scalable and Performant Data Loading) runs each stage of a
+pipeline on a thread pool with its own concurrency: here list -> read and
+decode (`--dali-threads` at once) -> batch, then the pinned-memory,
+side-stream feeder of python-queue. The decode is feedbench's own
+(simplejpeg with the same random-resized crop and flip as the decode
+producer): spdl.io's FFmpeg decoders need FFmpeg's shared libraries, which
+the spdl wheel does not bring, and the same decode keeps the comparison about
+the loader. Each rank decodes its own shard of the files.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from consumers.spdl.path import PATH
+from consumers.torch_half import RankContext, TorchInputPath, labels_of
+from core.errors import ConfigError
+from core.registry import register
+from feeders.torch import Prefetcher
+from frameworks.torch_trace import stage
+
+
+@register
+class Spdl(TorchInputPath):
+    declaration = PATH
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        super().validate(cfg)  # --data
+        try:
+            import spdl.pipeline  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(f"--fake-location spdl: SPDL is not installed ({e}); pip install spdl") from None
+
+    def open(self, ctx: RankContext) -> None:
+        super().open(ctx)
+        from spdl.pipeline import PipelineBuilder
+
+        from core.images.decoders import DECODERS, DEFAULT_DECODER
+        from core.images.files import list_images
+
+        cfg = self.cfg
+        files, labels, _ = list_images(cfg.data, None)
+        shard = list(range(ctx.rank, len(files), ctx.world)) or list(range(len(files)))
+        root = Path(cfg.data)
+        decode = DECODERS[DEFAULT_DECODER]
+        size = cfg.image_size
+
+        def indices():
+            for epoch in range(1 << 62):
+                order = list(shard)
+                random.Random(f"{ctx.rank}/{epoch}").shuffle(order)
+                yield from order
+
+        def load(i: int) -> tuple[np.ndarray, int]:
+            out = np.empty((size, size, 3), np.uint8)
+            with stage("feedbench.decode"):  # on SPDL's thread pool
+                decode((root / files[i]).read_bytes(), random.Random(i), out)
+            return out, labels[i]
+
+        def collate(items: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
+            return [np.stack([im for im, _ in items]), np.array([lb for _, lb in items], np.int32)]
+
+        threads = max(1, cfg.dali_threads or 1)
+        self.pipeline = (
+            PipelineBuilder()
+            .add_source(indices())
+            .pipe(load, concurrency=threads)
+            .aggregate(cfg.batch, drop_last=True)
+            .pipe(collate)
+            .add_sink(buffer_size=2)
+            .build(num_threads=threads + 1)
+        )
+        self.pipeline.start()
+        pipeline = self.pipeline
+        self.prefetch = Prefetcher(
+            lambda: pipeline.get_iterator(timeout=cfg.recv_timeout), ctx.device, depth=2, name="spdl",
+            source_stage="feedbench.load",
+        )  # fmt: skip
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = self.prefetch.next()
+        return images, labels_of(labels)
+
+    def stage_figures(self) -> dict[str, dict]:
+        return {"decoder": {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.dali_threads or 1)}}
+
+    def accounting(self) -> dict:
+        return {"batches_pulled": self.prefetch.batches}
+
+    def close(self) -> None:
+        self.pipeline.stop(timeout=10)
+        self.prefetch.close()

@@ -1,0 +1,100 @@
+"""Time every training step from inside the session run, and turn step times into figures.
+
+DLPerf / tf_cnn_benchmarks method: skip the warm-up steps, then time
+`repeats` windows of `steps` steps; images/s per window is the window's
+images over its wall time, reported as median with min and max. Steps that
+measure something else (traces, profiles) run between and after the windows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from tensorpack.callbacks import Callback
+
+from frameworks.tf_env import import_tf
+from harness.schedule import Schedule
+from profiler.progress import RunProgress
+from profiler.summary import Summary
+
+tf = import_tf()
+
+
+COST_COLLECTION = "feedbench_cost"  # the first tower's loss, put there by harness.tf.run
+
+
+class StepTimer(Callback):
+    """Records each step's start and end, and fetches the loss so its finiteness can be checked."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.losses: list[float] = []
+
+    def _setup_graph(self) -> None:
+        self._cost = tf.compat.v1.get_collection(COST_COLLECTION)[0]
+
+    def _before_run(self, ctx):
+        self.starts.append(time.perf_counter())
+        return tf.compat.v1.train.SessionRunArgs(fetches=self._cost)
+
+    def _after_run(self, ctx, values) -> None:
+        self.ends.append(time.perf_counter())
+        self.losses.append(float(values.results))
+
+
+def summarize(timer: StepTimer, schedule: Schedule, images_per_step: int, towers: int) -> dict:
+    """Figures for one path from its timed windows: images/s (total and per device), step-time percentiles.
+
+    Only the windows' steps count (see harness/schedule.py); the untimed
+    telemetry and profiler steps between and after them do not.
+    """
+    needed = schedule.total
+    if len(timer.ends) < needed:
+        raise RuntimeError(f"only {len(timer.ends)} of {needed} steps ran")
+    rates = []
+    measured = []
+    for r in range(schedule.repeats):
+        w = schedule.window(r)
+        wall = timer.ends[w[-1]] - timer.starts[w[0]]
+        rates.append(schedule.steps * images_per_step / wall)
+        measured.extend(timer.ends[i] - timer.starts[i] for i in w)
+    total = Summary.of(rates)
+    losses = timer.losses[:needed]
+    return {
+        "images_per_sec": total.to_dict(),
+        "images_per_sec_per_device": total.scaled(1 / towers).to_dict(),
+        "step_time_ms": {
+            "p50": float(np.percentile(measured, 50) * 1e3),
+            "p90": float(np.percentile(measured, 90) * 1e3),
+            "p99": float(np.percentile(measured, 99) * 1e3),
+        },
+        "final_loss": losses[-1],
+        "loss_finite": all(math.isfinite(x) for x in losses),
+        "steps_run": len(timer.ends),
+        "schedule": schedule.to_dict(),
+        # For the run's timeline (profiler/timeline.py), which takes it out of the result.
+        "clock": {
+            "step_ends": list(timer.ends),
+            "images_per_step": images_per_step,
+            "windows": [[timer.starts[w[0]], timer.ends[w[-1]]] for w in map(schedule.window, range(schedule.repeats))],
+        },
+    }
+
+
+class Progress(Callback):
+    """The run's progress bar (profiler/progress.py), stepped by the training loop."""
+
+    def __init__(self, progress: RunProgress) -> None:
+        self.progress = progress
+
+    def _before_train(self) -> None:
+        self.progress.begin()
+
+    def _trigger_step(self) -> None:
+        self.progress.step()
+
+    def _after_train(self) -> None:
+        self.progress.end()

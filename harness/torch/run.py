@@ -1,0 +1,436 @@
+"""Each rank, as torchrun starts it (`python -m harness.torch.run`): DDP, the model, the measured loop.
+
+The parent side (`bench_input.py --framework torch`) is the harness with the
+PyTorch plugin (harness/torch/plugin.py), which launches this on every rank.
+Each rank trains every path of the configuration in turn (NCCL on GPUs,
+gloo on CPU devices); rank 0 gathers every rank's figures and writes one
+result per path, in the same schema as the TensorFlow trainer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from core.config import BenchConfig
+from core.errors import FeedbenchError, InputError
+
+
+def build(cfg: BenchConfig, device, world: int):
+    """(model as trained, optimizer, grad scaler or None, autocast dtype or None) for one path's run."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from models import torch as models
+
+    if cfg.input_only:
+        model = models.InputOnly()
+    elif cfg.model == "emulated":
+        model = models.EmulatedDevice(float(cfg.emulation["images_per_sec"]))  # filled by apply_defaults
+    else:
+        model = models.resnet50(cfg.resnet_version)
+    model = model.to(device)
+    channels_last = cfg.data_format == "NHWC"
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if world > 1 and not cfg.input_only:
+        # Gradients live in DDP's all-reduce buckets: no copy into and out of them every step.
+        model = DDP(
+            model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )  # fmt: skip
+    # The linear scaling rule (0.1 per 256 images), as the TensorFlow trainer: tiny CPU batches would diverge.
+    lr = 0.1 * cfg.batch * world / 256
+    # Fused on CUDA: one kernel for the update, and GradScaler hands it the scale and the inf check on the
+    # device (with an unfused optimizer, GradScaler.step reads found_inf with .item(): a sync every step).
+    fused = device.type == "cuda"
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused or None)
+    if cfg.use_xla_compile:
+        model = torch.compile(model)  # --use-xla-compile: PyTorch's compiler; compiling happens in the warm-up
+    amp = None
+    scaler = None
+    if cfg.use_fp16:
+        amp = torch.float16 if device.type == "cuda" else torch.bfloat16
+        if amp is torch.float16:
+            scaler = torch.amp.GradScaler("cuda")  # float16 needs loss scaling; bfloat16 has float32's range
+    return model, opt, scaler, amp
+
+
+def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
+    """Warm-up + steps x repeats on this rank, fed by path `name`; this rank's figures."""
+    import torch
+
+    from core import registry
+    from harness.torch.measure import RankTimer, synchronize
+
+    model, opt, scaler, amp = build(cfg, ctx.device, ctx.world)
+    path = registry.get("torch", name)(cfg)
+    where = place(path, ctx)
+    with open(os.path.join(ctx.result_dir, f"at-rank{ctx.rank}.txt"), "w") as f:
+        f.write(where + "\n")  # what this rank was doing, should it die without a word
+    timer = RankTimer(cfg.warmup_steps, cfg.steps, cfg.repeats)
+    sync_debug = os.environ.get(SYNC_DEBUG_ENV) if ctx.device.type == "cuda" else None  # harness.torch.gpu_check
+    prepared = _preparer(cfg)
+    train_step = _stepper(cfg, ctx, model, opt, scaler, amp)
+    try:
+        timer.opened = time.perf_counter()  # the path's start, for its time to the first batch
+        path.open(ctx)
+        _run_steps(
+            cfg, ctx, path, timer, lambda images, labels: train_step(prepared(images), labels), sync_debug,
+            _emulated(model),
+        )  # fmt: skip
+        path.measure_end()
+        synchronize(ctx.device)
+        figures = _path_figures(path, timer, amp)
+        if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them
+            _profile(cfg, name, ctx, path, prepared, train_step)
+    except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
+        # A producer that died, a receive that timed out, a batch of the wrong shape: one line
+        # naming the path and its endpoint (ValueError: the wire's and the receiver's batch errors).
+        raise InputError(f"{where}: {detail(e, name)}") from e
+    finally:
+        if sync_debug:
+            torch.cuda.set_sync_debug_mode(0)  # closing a path may synchronize, deliberately
+        path.close()
+    return figures
+
+
+def _preparer(cfg: BenchConfig):
+    """What the host does to a batch before the model: normalize it, unless the device is emulated."""
+    from models.torch import normalize
+
+    channels_last = cfg.data_format == "NHWC"
+
+    def prepared(images):
+        # An emulated device's rate includes all of its work: the host does not normalize for it.
+        return images if cfg.model == "emulated" else normalize(images, channels_last)
+
+    return prepared
+
+
+def _stepper(cfg: BenchConfig, ctx, model, opt, scaler, amp):
+    """The training step every path feeds: forward, backward and the optimizer's step on one batch."""
+    import torch
+    import torch.nn.functional as F
+
+    # DDP's gradients are views of its buckets: zero them in place, or every step re-creates them as copies.
+    bucket_views = ctx.world > 1 and not cfg.input_only
+
+    def train_step(x, labels):
+        """Forward, backward and the optimizer's step on one normalized batch; the loss."""
+        with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            out = model(x)
+        stand_in = cfg.input_only or cfg.model == "emulated"  # no classifier: a scalar to train
+        loss = out.float().mean() if stand_in else F.cross_entropy(out.float(), labels)
+        opt.zero_grad(set_to_none=not bucket_views)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        return loss
+
+    return train_step
+
+
+def _emulated(model):
+    """The emulated device inside `model` (under DDP or torch.compile, whichever wraps it), or None."""
+    from models.torch import EmulatedDevice
+
+    return next((m for m in model.modules() if isinstance(m, EmulatedDevice)), None)
+
+
+def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | None, emulated=None) -> None:
+    """Warm-up, then the timed windows: each step takes a batch from the path, the device's wait marked around it.
+
+    An emulated device runs its step while the host goes on (models/torch.py): a window ends when its last
+    step has, and the input wait is the device's own (how long it sat idle for each batch).
+    """
+    import torch
+
+    from harness.torch.measure import synchronize
+
+    show = ctx.rank == 0 and cfg.telemetry
+    cuda = ctx.device.type == "cuda"
+    for step in range(timer.needed):
+        if step == cfg.warmup_steps:
+            path.measure_start()
+            if sync_debug:  # after the warm-up: cuDNN's autotuning and DDP's first steps may synchronize
+                torch.cuda.set_sync_debug_mode(sync_debug)
+        t0 = time.perf_counter()
+        before = timer.mark(cuda)  # on the step's stream: done when the previous step's work is
+        images, labels = path.next()
+        after = timer.mark(cuda)  # done when the batch is there too: the device waited in between
+        t1 = time.perf_counter()
+        if step == 0:
+            timer.first_batch_at = t1
+        loss = step_on(images, labels)
+        timer.losses.append(loss.detach())
+        if timer.window_end(step):
+            with allowed_sync(sync_debug):
+                synchronize(ctx.device)  # a timed window ends when the device has done its work
+            if emulated is not None:
+                emulated.finish()
+        timer.starts.append(t0)
+        if emulated is not None:  # the emulated device's own idle time, not the host's time in next()
+            timer.waits.append(emulated.idle)
+            timer.device_marks.append((None, None))
+        else:
+            timer.waits.append(t1 - t0)  # the host's wait; on a GPU replaced by the device's at the window's end
+            timer.device_marks.append((before, after))
+        timer.ends.append(time.perf_counter())
+        if timer.window_end(step):
+            timer.close_window(step)
+            if show and step >= cfg.warmup_steps:
+                rate = cfg.batch * cfg.steps / timer.window_walls[-1]
+                print(f"  window {len(timer.window_walls)}/{cfg.repeats}: {rate:.1f} images/s on rank 0", flush=True)
+        path.check()
+    if sync_debug:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def _path_figures(path, timer, amp) -> dict:
+    """This rank's figures: the timer's, the path's stages and accounting, and how it trained."""
+    figures = timer.figures()
+    figures["stages"] = path.stage_figures()
+    figures.update(path.accounting())
+    figures["decoded_on"] = path.decoded_on  # where DALI decoded, for the dali paths
+    figures["batches_trained"] = timer.needed
+    figures["amp"] = str(amp).replace("torch.", "") if amp is not None else None
+    prefetch = getattr(path, "prefetch", None)  # a path with a queue: its occupancy at each step, for the timeline
+    figures["queue_sizes"] = list(prefetch.queue_sizes) if prefetch is not None else []
+    return figures
+
+
+def _profile(cfg: BenchConfig, name: str, ctx, path, prepared, train_step) -> None:
+    """A trace of a few untimed steps after the timed ones (torch.profiler), one file per rank."""
+    from harness.torch.tracing import ProfileSteps
+
+    profiled = ProfileSteps(cfg.profile_dir, name, ctx.rank, ctx.device)
+    written = profiled.run(path.next, prepared, train_step, path.check)
+    if ctx.rank == 0 and written:
+        print(f"  profile: {written[0]}{' (and one per rank)' if ctx.world > 1 else ''}", flush=True)
+
+
+SYNC_DEBUG_ENV = "FEEDBENCH_CUDA_SYNC_DEBUG"  # "warn" or "error": torch.cuda.set_sync_debug_mode in the timed steps
+
+
+def allowed_sync(mode: str | None):
+    """A deliberate host-device synchronization (a window's end) while sync debugging is on."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def allowed():
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+
+    return allowed() if mode else contextlib.nullcontext()
+
+
+def place(path, ctx) -> str:
+    """`<path>: <endpoint(s)>`, or the path's name where it reads no endpoint: how its errors start."""
+    endpoints = path.endpoints(ctx)
+    return f"{path.name}: {', '.join(endpoints)}" if endpoints else path.name
+
+
+def detail(e: BaseException, name: str) -> str:
+    """An exception's message as one line, without the path's name or a re-raised traceback's class prefix.
+
+    A DataLoader worker's exception comes back with the worker's traceback in its message; its
+    last line is `module.Class: message`.
+    """
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(e).__name__
+    cls = type(e)
+    for prefix in (f"{cls.__module__}.{cls.__qualname__}: ", f"{cls.__qualname__}: ", f"{name}: "):
+        text = text.removeprefix(prefix)
+    return text
+
+
+def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
+    """Rank 0: the path's result in the shared schema, from every rank's figures."""
+    from core import registry
+    from harness.schedule import Schedule
+    from harness.torch.measure import combine
+    from harness.torch.tracing import PROFILED_STEPS
+    from profiler.telemetry import add_common_fields, merge_rank_stages
+
+    result = combine(ranks, cfg.batch, cfg.steps)
+    result["amp"] = ranks[0]["amp"]
+    # Which steps were timed: warm-up, then the windows; --profile's steps come after the last one.
+    profiled = PROFILED_STEPS if cfg.profile_dir else 0
+    result["schedule"] = Schedule(cfg.warmup_steps, cfg.steps, cfg.repeats, profiled=profiled).to_dict()
+    if any("producers" in r for r in ranks):
+        result["producers"] = [{"rank": r["rank"], **row} for r in ranks for row in r.get("producers", [])]
+    if any("batches_pulled" in r for r in ranks):
+        result["batches_pulled"] = sum(r.get("batches_pulled", 0) for r in ranks)
+        result["batches_pulled_per_rank"] = [r.get("batches_pulled", 0) for r in ranks]
+    result["batches_trained"] = sum(r["batches_trained"] for r in ranks)
+    if any("zero_copy" in r for r in ranks):  # zmq-consume: whether every rank's tensors were the shm slots
+        result["zero_copy"] = all(r.get("zero_copy") for r in ranks)
+    if any("cuda_regions" in r for r in ranks):  # registered with CUDA, or refused (then zero_copy is false)
+        regions = [r.get("cuda_regions", {}) for r in ranks]
+        result["cuda_regions"] = {k: sum(x.get(k, 0) for x in regions) for k in ("registered", "refused")}
+    if any(r.get("decoded_on") for r in ranks):  # every result says where DALI decoded
+        result["decoded_on"] = [{"rank": r["rank"], "on": r.get("decoded_on")} for r in ranks]
+    if cfg.telemetry:
+        result["telemetry"].update(merge_rank_stages([r["stages"] for r in ranks]))
+    else:
+        result.pop("telemetry")
+    # The fields every trainer's result has: size, batch, emulation label, the path's own words.
+    add_common_fields(result, cfg, registry.get("torch", name)(cfg).describe())
+    return result
+
+
+def worker(argv: list[str] | None = None) -> int:
+    """One rank, as torchrun starts it: train every path of the config, gather, rank 0 writes the result."""
+    from harness.torch.launch import follow_launcher
+    from runner import shutdown
+
+    # SIGTERM from torchrun (another rank failed, the run was stopped) stops this rank's producers too;
+    # quietly: bench_input.py says what happened, in one line.
+    shutdown.install(announce=False)
+    follow_launcher()  # and so does the launcher's death
+    result_dir, cfg = _worker_config(argv)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    import torch.distributed as dist
+
+    device = _join_group(dist)
+    links = host_to_device(device, rank, world, dist)  # before training, one device at a time
+    code = 0
+    try:
+        _train_paths(cfg, result_dir, device, dist, links)
+    except Exception as e:  # a producer that died, a receive timeout, an import that failed
+        if shutdown.stopping():  # being stopped: the watcher exits once the producers are gone
+            threading.Event().wait()
+        if isinstance(e, FeedbenchError):
+            _error(result_dir, rank, str(e), e.exit_code)
+            code = e.exit_code
+        else:
+            from core.loader_spec import exception_words  # a DataLoader worker's error keeps its cause
+
+            _error(result_dir, rank, f"rank {rank}: {exception_words(e)}", 1)
+            code = 1
+    finally:
+        shutdown.run_cleanups()
+        if code == 0:
+            dist.destroy_process_group()
+    if code:
+        os._exit(code)  # without waiting for the other ranks: torchrun stops them
+    return 0
+
+
+def _worker_config(argv: list[str] | None) -> tuple[str, BenchConfig]:
+    """The rank's result folder and the run's config, as the launcher wrote it."""
+    p = argparse.ArgumentParser(prog="python -m harness.torch.run")
+    p.add_argument("--config", required=True)
+    p.add_argument("--result-dir", required=True)
+    a = p.parse_args(argv)
+    raw = json.load(open(a.config))
+    raw["shrunk"] = {k: tuple(v) for k, v in raw.get("shrunk", {}).items()}
+    return a.result_dir, BenchConfig(**{k: v for k, v in raw.items() if k in BenchConfig.__dataclass_fields__})
+
+
+def _join_group(dist):
+    """This rank's device, set up for training, and the process group joined (NCCL on GPUs, gloo on CPUs)."""
+    import torch
+
+    from consumers.torch_half import cpu_threads
+
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or cpu_threads(local_world)))
+    torch.manual_seed(0)
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    return device
+
+
+def _train_paths(cfg: BenchConfig, result_dir: str, device, dist, links: list[dict] | None) -> None:
+    """Every path of the config in turn, each rank's figures gathered; rank 0 writes result.json."""
+    import torch
+
+    from consumers.torch_half import RankContext
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    cuda = device.type == "cuda"
+    results: dict[str, dict] = {}
+    rank_dir = os.path.join(result_dir, f"r{rank}")
+    os.makedirs(rank_dir, exist_ok=True)
+    host = socket.gethostname()
+    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    for name in cfg.paths:
+        if rank == 0:
+            print(f"- {name} ...", flush=True)
+        t0 = time.perf_counter()
+        ctx = RankContext(rank, world, local_rank, device, rank_dir, result_dir)
+        figures = train_path(cfg, name, ctx)
+        figures.update(rank=rank, host=host, device=dev_name)
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, figures)
+        if rank == 0:
+            results[name] = combined(cfg, name, gathered)
+            r = results[name]
+            print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if rank == 0:
+        from core.atomic import atomic_write
+        from harness.torch.plugin import describe_machine
+
+        doc = {"device": {**describe_machine(torch), **({"h2d_pinned_gbps": links} if links else {})},
+               "paths": results}  # fmt: skip
+        atomic_write(os.path.join(result_dir, "result.json"), json.dumps(doc))
+
+
+def host_to_device(device, rank: int, world: int, dist) -> list[dict] | None:
+    """Pinned host -> device copy bandwidth of every rank's device, measured in turn; None without GPUs.
+
+    In turn, so each figure is the device's own link, not its share of a
+    contended one. Rank 0 prints them; the result keeps them (`device.h2d_pinned_gbps`).
+    """
+    if device.type != "cuda":
+        return None
+    import torch
+
+    from harness.torch.bandwidth import copy_gbps
+
+    mine = None
+    for r in range(world):
+        dist.barrier()
+        if r == rank:
+            mine = copy_gbps(64_000_000, True, repeats=5, device=device)
+    row = {"rank": rank, "host": socket.gethostname(), "device": torch.cuda.get_device_name(device), "gbps": mine}
+    rows: list = [None] * world
+    dist.all_gather_object(rows, row)
+    if rank == 0:
+        for r in rows:
+            print(
+                f"  rank {r['rank']} ({r['host']}, {r['device']}): pinned host->device {r['gbps']:.1f} GB/s", flush=True
+            )
+    return rows
+
+
+def _error(result_dir: str, rank: int, message: str, code: int) -> None:
+    """This rank's one line and exit code, for bench_input.py (harness.torch.launch.failure_lines)."""
+    line = message.strip().splitlines()[0] if message.strip() else "failed"
+    from core.atomic import atomic_write
+
+    atomic_write(os.path.join(result_dir, f"error-rank{rank}.json"), json.dumps({"line": line, "code": code}))
+
+
+if __name__ == "__main__":
+    sys.exit(worker())
