@@ -75,8 +75,8 @@ def test_every_path_trains_two_ranks_with_finite_loss(every_path, path):
 @pytest.mark.parametrize("path", sorted(PRODUCER_PATHS & set(PATHS)))
 def test_producer_paths_account_for_every_batch(every_path, path):
     """Each rank pulls from its own producer (ids 0 and 1000 for --producers 2), nothing lost or repeated."""
-    from consumers.torch_paths.python_queue import PythonQueue
-    from consumers.torch_paths.zmq_consume import SLOTS
+    from consumers.python_queue.torch import PythonQueue
+    from consumers.zmq_consume.torch import SLOTS
 
     r = every_path[path]
     rows = r["producers"]
