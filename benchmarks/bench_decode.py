@@ -12,6 +12,11 @@ flip, resize to --image-size, batch.
 - "end to end": a real `python -m producers decode --workers 1` process
   pushing over the wire (ipc://) to a consumer in this process.
 
+A window spans whole passes over a small set (--passes, 4 by default): the
+files' costs differ a hundredfold (a large progressive file takes as long as
+eighty ordinary ones), so a window of a few hundred images would measure
+which of the large files it happened to draw, not the set's mean.
+
 "Per core" is images per CPU-second: of the decoding thread in process
 (`time.thread_time`), of this whole process for DALI (all its threads), and
 of the producer's process tree end to end; so the figure holds on a machine
@@ -24,6 +29,7 @@ from the page cache before every window, so the windows include storage reads
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import tempfile
@@ -45,6 +51,20 @@ from producers.decode import DecodeSource
 from profiler.summary import Summary
 
 NextBatch = Callable[[], int]  # makes one batch, returns its images
+
+
+# Sets up to this many files get windows of whole passes by default; larger ones, DEFAULT_BATCHES batches.
+PASSES_UP_TO_FILES = 5000
+DEFAULT_BATCHES = 10
+
+
+def window_batches(args: argparse.Namespace, files: int) -> int:
+    """Batches per timed window: --batches, else enough for --passes passes over a small set."""
+    if args.batches:
+        return args.batches
+    if files > PASSES_UP_TO_FILES:
+        return DEFAULT_BATCHES
+    return max(DEFAULT_BATCHES, math.ceil(args.passes * files / args.batch))
 
 
 def measure(
@@ -174,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    args.batches = window_batches(args, len(names))
     files = [Path(args.data) / f for f in names]
     results, stages = [], {}
     for producer, stack, run_one in candidates(args, files):
@@ -205,7 +226,8 @@ def report(args: argparse.Namespace, results: list, stages: dict, n: int, classe
     print(
         f"\nDecode: {n} files in {classes} classes under {args.data} -> {args.batch}x{args.image_size}x"
         f"{args.image_size}x3 uint8, random-resized crop + flip;\nmedian (min–max) of {args.repeats} windows of "
-        f"{args.batches} batches after {args.warmup} warm-up batches; files {cache} "
+        f"{args.batches} batches ({args.batches * args.batch / n:.1f} passes over the set) after {args.warmup} "
+        f"warm-up batches; files {cache} "
         f"({100 * resident_share(files):.0f} % cached at the end)\n"
     )
     headers = ["producer", "stack", "images/s per core", "images/s wall"]
@@ -222,7 +244,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", metavar="FILE", help="use only these files: lines of 'relative/path [label]'")
     p.add_argument("--image-size", type=positive_int, default=224, help="output height and width")
     p.add_argument("--batch", type=positive_int, default=32, help="images per batch")
-    p.add_argument("--batches", type=positive_int, default=10, help="batches per timed window")
+    p.add_argument(
+        "--batches",
+        type=positive_int,
+        help=f"batches per timed window (default: --passes passes over a set of up to {PASSES_UP_TO_FILES} files, "
+        f"else {DEFAULT_BATCHES})",
+    )
+    p.add_argument("--passes", type=positive_int, default=4, help="passes over a small set per window (see --batches)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed windows; the median is reported")
     p.add_argument("--warmup", type=positive_int, default=3, help="batches before timing starts")
     p.add_argument(

@@ -12,8 +12,6 @@ import time
 
 import torch
 from torch import nn
-from torchvision.models import resnet50 as tv_resnet50
-from torchvision.models.resnet import Bottleneck
 
 from core.errors import ConfigError
 
@@ -24,9 +22,16 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
 def resnet50(version: str = "1.5", num_classes: int = NUM_CLASSES) -> nn.Module:
-    """torchvision's ResNet-50, randomly initialised; version "1" strides on the first 1x1 conv."""
+    """torchvision's ResNet-50, randomly initialised; version "1" strides on the first 1x1 conv.
+
+    torchvision is imported here, not with the module: it costs a rank about 1.5 s of CPU to import, and a
+    rank that trains the input-only stand-in or an emulated device never needs it.
+    """
     if version not in ("1", "1.5"):
         raise ConfigError(f"--resnet-version {version!r}: choose 1 or 1.5")
+    from torchvision.models import resnet50 as tv_resnet50
+    from torchvision.models.resnet import Bottleneck
+
     model = tv_resnet50(weights=None, num_classes=num_classes)
     if version == "1":
         for block in model.modules():
