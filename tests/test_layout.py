@@ -143,6 +143,14 @@ def test_the_framework_halves_are_where_the_layout_says():
         assert "@register" not in text and "(nn.Module)" not in text and "(ModelDesc)" not in text, f
 
 
+def test_the_stages_below_the_harness_never_import_it():
+    """Paths, feeders and models serve the trainers; a half that reached up into its trainer would tie them."""
+    bad = []
+    for m in modules(("consumers", "feeders", "models", "frameworks")):
+        bad += [f"{m} imports {n}" for n in imports_of_any(m) if n == "harness" or n.startswith("harness.")]
+    assert not bad, "\n".join(bad)
+
+
 def test_a_tensorflow_half_never_imports_torch_nor_a_pytorch_half_tensorflow():
     bad = []
     for m in modules(PACKAGES):
