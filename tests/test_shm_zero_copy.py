@@ -216,7 +216,7 @@ def test_regions_are_registered_with_cuda_once_and_unregistered_before_they_are_
 
 
 @pytest.mark.timeout(400)
-def test_the_pytorch_trainer_trains_on_tensors_over_the_producers_slots(procs, ep, tmp_path) -> None:
+def test_pytorch_ranks_train_on_tensors_over_the_producers_slots(procs, ep, tmp_path) -> None:
     """--framework torch over shm://: each rank's tensors are the slots (zero_copy), every batch accounted for."""
     import signal
 
@@ -231,7 +231,7 @@ def test_the_pytorch_trainer_trains_on_tensors_over_the_producers_slots(procs, e
 
 
 @pytest.mark.timeout(400)
-def test_the_pytorch_trainers_own_producers_write_into_shm_slots(procs, tmp_path) -> None:
+def test_pytorch_ranks_own_producers_write_into_shm_slots(procs, tmp_path) -> None:
     """--framework torch --transport shm: each rank's own producers write slots; zmq-consume trains on them in place."""
     import json
 
