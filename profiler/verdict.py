@@ -29,7 +29,6 @@ import re
 
 from tabulate import tabulate
 
-from consumers.gpu.path import PATH as BASELINE_PATH
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence
 from profiler.uncertainty import WITHIN_NOISE, too_short_words, uncertainty
@@ -113,7 +112,8 @@ def _verdict(path: str, result: dict, baseline_ips: float | None, framework: str
             "level": level,
             "limiting_stage": "trainer",
             "evidence": "; ".join(evidence + ["data already on the device: the baseline"]),
-            "advice": BASELINE_PATH.advice,  # the baseline's own words, as its declaration says them
+            # The baseline's own words, as its declaration says them (the result's `input` block carries them).
+            "advice": (result.get("input") or {}).get("advice"),
         }
     if (result.get("uncertainty") or {}).get("within_noise"):
         return _within_noise(path, result, evidence)
