@@ -195,11 +195,14 @@ def test_file_list_selects_files_and_labels(procs, ipc_dir, tmp_path, colours):
 def test_bench_decode_prints_a_table(procs, photos):
     p = procs.start(
         "-m", "benchmarks", "bench-decode", "--data", str(photos), "--image-size", "64", "--batch", "4",
-        "--batches", "1", "--repeats", "1", "--warmup", "1", "--no-dali", "--decoders", "simplejpeg", "pillow",
+        "--passes", "3", "--repeats", "1", "--warmup", "1", "--no-dali", "--decoders", "simplejpeg", "pillow",
     )  # fmt: skip
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     assert "images/s per core" in out and "simplejpeg" in out and "pillow" in out
+    # Without --batches a window spans whole passes over a small set: 12 files, 3 passes, 4 per batch -> at
+    # least 9 batches (10, the least a window gets).
+    assert "windows of 10 batches (3.3 passes over the set)" in out, out
 
 
 def test_producer_command_spells_the_flags():
