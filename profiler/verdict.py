@@ -113,7 +113,7 @@ def _verdict(path: str, result: dict, baseline_ips: float | None, framework: str
             "limiting_stage": "trainer",
             "evidence": "; ".join(evidence + ["data already on the device: the baseline"]),
             # The baseline's own words, as its declaration says them (the result's `input` block carries them).
-            "advice": (result.get("input") or {}).get("advice"),
+            "advice": (result.get("input") or {}).get("advice") or "",
         }
     if (result.get("uncertainty") or {}).get("within_noise"):
         return _within_noise(path, result, evidence)
