@@ -13,12 +13,14 @@ anywhere: this is the loader's own ceiling.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -82,7 +84,23 @@ def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
         status.send(("error", f"loader {name}: {type(e).__name__}: {e}"))
     finally:
         status.close()
+    release_queues()
     os._exit(0)
+
+
+def release_queues(timeout: float = 2.0) -> None:
+    """Let the loader's multiprocessing queues go before an exit that runs no finaliser.
+
+    A queue's feeder thread holds two of its semaphores until it has flushed the queue's close; a process
+    that exits while it still runs leaves them registered, and the resource tracker reports them "leaked" at
+    the run's end. Each feeder gets a bounded wait (a hung one must not hold the exit), then the queues are
+    collected, which unregisters their semaphores.
+    """
+    deadline = time.monotonic() + timeout
+    for t in threading.enumerate():
+        if t.name == "QueueFeederThread":
+            t.join(max(0.0, deadline - time.monotonic()))
+    gc.collect()
 
 
 def _worker(opts: Options, i: int, workers: int, shared, go, stop, status: Connection, first_id: int) -> None:
