@@ -5,4 +5,9 @@ PyTorch) and beside it a half per framework (`tf.py`, `torch.py`), as DALI's
 plugins sit over its neutral base. What several halves of one framework
 share is `tf_*.py` or `torch_*.py` here; every other module of this package
 imports neither framework (tests/test_layout.py).
+
+Importing the package sets TensorFlow's environment (no TensorFlow is imported): a TensorFlow half
+imported on its own (`consumers.<path>.tf`) then still finds it set before tensorpack imports TensorFlow.
 """
+
+import frameworks.tf_env  # noqa: F401

@@ -39,17 +39,14 @@ def declarations() -> list[registry.Declaration]:
     return found
 
 
-def half_modules(framework: str) -> list[str]:
-    """The module names of `framework`'s halves (`consumers/<path>/<framework>.py`), in folder order.
+def import_halves(framework: str) -> None:
+    """Import every half of `framework` (`consumers/<path>/<framework>.py`), registering its input paths.
 
-    Only names: the framework's own registration (consumers/tf_paths.py,
-    consumers/torch_paths.py) imports them, so a new path is a new folder.
+    `core.registry.load` calls it: a new path is a new folder, found here.
     """
-    return [
-        f"consumers.{info.name}.{framework}"
-        for info in pkgutil.iter_modules(consumers.__path__)
-        if info.ispkg and (Path(consumers.__path__[0]) / info.name / f"{framework}.py").is_file()
-    ]
+    for info in pkgutil.iter_modules(consumers.__path__):
+        if info.ispkg and (Path(consumers.__path__[0]) / info.name / f"{framework}.py").is_file():
+            importlib.import_module(f"consumers.{info.name}.{framework}")
 
 
 def declared(framework: str) -> dict[str, DeclaredPath]:

@@ -6,9 +6,9 @@ name with `@register`. What a path is (its name, summary, order, advice and
 shared flag checks) is declared once, in `consumers/<path>/path.py`, and both
 frameworks' classes take it from there (`declaration`). The TensorFlow
 half sits beside it in `consumers/<path>/tf.py`, the PyTorch half in
-`consumers/<path>/torch.py`; `consumers/tf_paths.py` and
-`consumers/torch_paths.py` import every half of their framework (a class
-registered from anywhere, as the tests do, works too).
+`consumers/<path>/torch.py`; `consumers.declared.import_halves` imports
+every half of a framework (a class registered from anywhere, as the tests
+do, works too).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from typing import Any, ClassVar
 
 from core.errors import ConfigError
 
-# The module that imports every half of a framework's input paths, registering them.
-FRAMEWORK_PACKAGES = {"tf": "consumers.tf_paths", "torch": "consumers.torch_paths"}
+FRAMEWORKS = ("tf", "torch")
+# Where `import_halves(framework)` lives: importing a framework's halves registers its input paths.
+HALVES = "consumers.declared"
 BASELINE = "gpu"
 
-_registry: dict[str, dict[str, type[InputPath]]] = {fw: {} for fw in FRAMEWORK_PACKAGES}
+_registry: dict[str, dict[str, type[InputPath]]] = {fw: {} for fw in FRAMEWORKS}
 
 
 # A path's words: one string for both frameworks, or one per framework where their halves work differently.
@@ -185,7 +186,7 @@ def load(framework: str) -> dict[str, type[InputPath]]:
     """Every registered path of `framework`, importing its halves first."""
     if framework not in _registry:
         raise ConfigError(f"--framework {framework!r}: choose from {', '.join(sorted(_registry))}")
-    importlib.import_module(FRAMEWORK_PACKAGES[framework])
+    importlib.import_module(HALVES).import_halves(framework)
     return dict(sorted(_registry[framework].items(), key=lambda kv: (kv[1].order, kv[0])))
 
 

@@ -52,8 +52,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("folder", help="where to write server.key(_secret) and client.key(_secret)")
     p.set_defaults(func=lambda a: print(f"keys in {curve.make_keys(a.folder)}; copy the folder to every host") or 0)
 
-    wanted = [command] if command in KINDS else list(KINDS) if command not in ("synthetic", "make-keys") else []
-    for kind in wanted:
+    if command in ("synthetic", "make-keys"):
+        return parser  # defined above: no other kind's module is needed
+    for kind in [command] if command in KINDS else KINDS:
         importlib.import_module(KINDS[kind]).register(sub)
     return parser
 

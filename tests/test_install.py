@@ -112,8 +112,8 @@ def test_every_package_and_its_files_are_installed(installed):
 
 def test_the_installed_code_is_what_runs(installed):
     code = (
-        "import json, bench_input, consumers.torch_paths, models.tf.emulated_op, zmq_ops, runner\n"
-        "print(json.dumps([m.__file__ for m in (bench_input, consumers.torch_paths, models.tf.emulated_op,"
+        "import json, bench_input, consumers.declared, models.tf.emulated_op, zmq_ops, runner\n"
+        "print(json.dumps([m.__file__ for m in (bench_input, consumers.declared, models.tf.emulated_op,"
         " zmq_ops, runner)]))"
     )
     out = installed.run(installed.python, "-c", code)
