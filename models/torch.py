@@ -75,7 +75,6 @@ class EmulatedDevice(nn.Module):
         self.idle = 0.0  # seconds the device waited for the last batch it was handed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.finish()  # the previous step occupies the device until its end
         if x.is_cuda:
             # The device's time starts when the batch is there, as TensorFlow's kernel starts it from a
             # stream callback: this stream waits for the batch's copy (the path's event), so once the
@@ -83,10 +82,13 @@ class EmulatedDevice(nn.Module):
             arrived = torch.cuda.Event()
             arrived.record()
             arrived.synchronize()
+        # When the batch was there: before the wait below, so a host that wakes late from it (a busy
+        # machine) is not read as the device waiting for input.
+        ready, step = time.perf_counter(), x.shape[0] / self.images_per_sec
+        self.finish()  # the previous step occupies the device until its end
         # Absolute deadlines, so the host's own time between steps does not add up: a batch that comes late
         # (input wait) starts a new schedule. Up to a tenth of a step of lateness is taken from the slack.
-        now, step = time.perf_counter(), x.shape[0] / self.images_per_sec
-        start = self._due if self._due and now - self._due < 0.1 * step else now
+        start = self._due if self._due and ready - self._due < 0.1 * step else ready
         self.idle = start - self._due if self._due else 0.0
         self._due = start + step
         return (x[:, :1, :1, :1].float().flatten(1) * self.scale).expand(-1, 2)

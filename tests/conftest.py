@@ -265,6 +265,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"timing: compares rates, ratios or CPU shares; runs only alone (make test: {SERIAL_PHASE})"
     )
+    if getattr(config, "workerinput", {}).get("workercount", 1) > 1:
+        # Parallel workers outnumber the cores. A torch rank's OpenMP threads spin while they wait for work
+        # (libgomp's default); with every core taken that spinning is CPU the other tests' processes wait for:
+        # a one-rank torch run took 26 CPU-s beside two busy loops, 16 with passive waiting, 15.5 alone.
+        # Threads that sleep while they wait compute the same results; the `timing` tests, which run alone,
+        # keep the default.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
