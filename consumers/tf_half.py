@@ -3,8 +3,10 @@
 A path object is made per run. `build` gives the tensorpack InputSource the
 trainer reads each tower's batch from (wrapped in a StagingArea per device
 unless the path says its data is already there); `open` binds what must be
-bound before producers start; `callbacks`, `sampled_stages` and `counters`
-are how the path reports its own figures; `close` releases what it opened.
+bound before producers start; `callbacks` give it its own monitoring, and the
+stage contract of core.registry.InputPath (`counters`, `sampled_stages`,
+`producer_figures`, `result_fields`) is how it reports raw state, which
+profiler.telemetry.stage_figures turns into figures; `close` releases what it opened.
 Paths with producers take the run's endpoint and read their producers'
 figures from the ProducerGroup the run gives them (`producers`).
 """
@@ -62,20 +64,12 @@ class TFInputPath(InputPath):
         """Stages whose figures are fetched with every measured step (queue, staging): telemetry samples them."""
         return [self.staging] if self.staging is not None else []
 
-    def counters(self, session) -> dict | None:
-        """The wire's counters now ({time, messages, bytes, latency_s, wait_s, received}); None if unknown."""
-        return None
-
     def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:
         """What the producers did over the measured window; by default from their own stats files."""
         if self.producers is None:
             return None
         stats = self.producers.stats()
         return stats_file_figures(list(range(len(stats))), stats, self.cfg.batch)
-
-    def result_fields(self) -> dict:
-        """Fields this path adds to its result (per-producer accounting, batches pulled)."""
-        return {}
 
     def failure(self) -> str | None:
         """Why the input stopped, in the path's own words, when it knows (a wire error, a timeout)."""

@@ -103,7 +103,7 @@ class PythonPull(TFInputPath):
         self.flow = PullFlow(None, BatchSpec.from_signature(specs, self.cfg.batch))
         return self.flow
 
-    def counters(self, session) -> dict | None:
+    def counters(self, session=None) -> dict | None:
         return None if self.consumer is None else self.consumer.counters()
 
     def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:

@@ -2,7 +2,8 @@
 
 A path is opened on each rank (`open(ctx)`), hands the training step one
 batch per `next()` as (uint8 NHWC images, int64 labels) on the rank's device,
-and reports its own figures and accounting. Each rank pulls from its own
+and reports raw state through the stage contract (core.registry.InputPath:
+counters, sampled_stages, producer_figures, result_fields). Each rank pulls from its own
 endpoint, fed by its share of the run's producers.
 """
 
@@ -66,10 +67,6 @@ class TorchInputPath(InputPath):
 
     def close(self) -> None:
         """Stop everything `open` started; called once, also after a failure."""
-
-    def accounting(self) -> dict:
-        """Exact counts of what reached this rank: {"producers": rows, "batches_pulled": n}, or {}."""
-        return {}
 
     def check(self) -> None:
         """Between steps: raise if a producer the path depends on has died."""

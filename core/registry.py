@@ -79,7 +79,7 @@ class InputPath:
     attributes below (a class made elsewhere, e.g. in a test, may set them
     itself), and overrides what it needs. A path object is made per run
     (`cls(cfg)`), so it may keep the run's state (its sockets, producers,
-    counters) and report it from `stage_figures`.
+    counters) and report it through the stage contract below.
     """
 
     declaration: ClassVar[Declaration | None] = None
@@ -121,17 +121,25 @@ class InputPath:
         if cls.declaration is not None and cls.declaration.validate is not None:
             cls.declaration.validate(cfg)
 
-    def measure_start(self) -> None:
-        """The first timed step is next: snapshot the counters the stage figures are measured from."""
+    # --- the stage contract: raw state only; profiler.telemetry.stage_figures computes every figure ----------
+    def counters(self, session: Any = None) -> dict | None:
+        """The wire's counters now ({time, messages, bytes, latency_s, wait_s, received}), or None.
 
-    def measure_end(self) -> None:
-        """The last timed step is done: snapshot the counters again."""
-
-    def stage_figures(self) -> dict[str, dict]:
-        """This path's own figures by stage name ("queue", "wire", ...), from what it counted in between.
-
-        profiler/telemetry.py turns raw counts into these figures, for every framework alike.
+        Both trainers take them at the measured window's edges (TensorFlow passes its session, whose
+        ops hold the native consumer's counters).
         """
+        return None
+
+    def sampled_stages(self) -> list:
+        """Stages sampled during the measured steps (objects with `name` and `figures()`): queues, staging."""
+        return []
+
+    def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:
+        """What the producers did over `window` (the `counters()` at its edges); None if unknown."""
+        return None
+
+    def result_fields(self) -> dict:
+        """Fields this path adds to its result: per-producer accounting, batches pulled."""
         return {}
 
     def describe(self) -> dict[str, Any]:

@@ -9,6 +9,8 @@ block of docs/results.md.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, field
+from typing import Any
 
 
 def queue_figures(sizes: list[int], capacity: int) -> dict | None:
@@ -112,6 +114,42 @@ def delivered_rows(producers: dict, before: dict[int, int], batch: int, dt: floa
 def delivered_figures(producers: dict, before: dict[int, int], batch: int, dt: float) -> dict | None:
     """The producers' figures from a consumer's exact counts and the native headers' extras (`delivered_rows`)."""
     return producer_figures(delivered_rows(producers, before, batch, dt), batch, "consumer counts + native headers")
+
+
+@dataclass
+class SampledQueue:
+    """A queue whose occupancy the trainer records once per measured step (the torch prefetch queue)."""
+
+    sizes: list[int]
+    capacity: int
+    name: str = "queue"
+
+    def figures(self) -> dict | None:
+        return queue_figures(self.sizes, self.capacity)
+
+
+@dataclass
+class DescribedStage:
+    """A stage reported by what it is, not by what it counted (the decoder a pipeline runs)."""
+
+    name: str
+    fields: dict = field(default_factory=dict)
+
+    def figures(self) -> dict:
+        return dict(self.fields)
+
+
+def stage_figures(path: Any, first: dict | None, last: dict | None) -> dict[str, dict]:
+    """Every stage's figures for a path, the same for both frameworks (the `telemetry` block's stages).
+
+    `path` is a core.registry.InputPath: its `sampled_stages()` (objects with `name` and `figures()`) and
+    `producer_figures(window)`; `first` and `last` its `counters()` at the measured window's edges.
+    Stages with nothing to report are left out.
+    """
+    out: dict = {s.name: s.figures() for s in path.sampled_stages()}
+    out["wire"] = wire_figures(first, last)
+    out["producers"] = path.producer_figures((first, last) if first and last else None)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def input_wait_figures(traced: list[tuple[float, float]]) -> dict:

@@ -128,6 +128,72 @@ def test_no_path_computes_its_stage_figures_itself():
     assert not found, "stage figures belong to profiler/telemetry.py:\n" + "\n".join(found)
 
 
+# The stage contract (core.registry.InputPath): raw state only. Any other method named for figures, or the
+# per-path figure methods it replaced, would compute a stage's figures outside profiler.telemetry.stage_figures.
+CONTRACT = {"counters", "sampled_stages", "producer_figures", "result_fields"}
+REPLACED = {"measure_start", "measure_end", "stage_figures", "accounting"}
+# profiler/telemetry.py's stage computations: a path reaches them only from a stage's `figures` or its
+# `producer_figures`; a trainer only through `stage_figures`.
+STAGE_FUNCTIONS = {"wire_figures", "queue_figures", "staging_figures", "delivered_figures", "stats_file_figures"}
+
+
+def test_every_registered_path_of_both_frameworks_keeps_to_the_stage_contract():
+    code = (
+        "import json, inspect\n"
+        "from core import registry\n"
+        "out = []\n"
+        "for fw in ('tf', 'torch'):\n"
+        "    for name, cls in registry.load(fw).items():\n"
+        "        for k in cls.__mro__[:-1]:\n"
+        "            if k is registry.InputPath:\n"
+        "                break\n"
+        "            out += [[fw, name, k.__qualname__, m] for m, v in vars(k).items() if inspect.isfunction(v)]\n"
+        "print(json.dumps(out))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+
+    methods = json.loads(p.stdout.strip().splitlines()[-1])
+    assert {fw for fw, *_ in methods} == {"tf", "torch"}
+    wrong = [
+        f"{fw} {name}: {owner}.{m}"
+        for fw, name, owner, m in methods
+        if m in REPLACED or ("figures" in m and m not in CONTRACT)
+    ]
+    assert not wrong, "stage figures outside the contract (profiler.telemetry.stage_figures):\n" + "\n".join(wrong)
+
+
+def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
+    """(called name, call) for every call of a plain name or an attribute."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            f = n.func
+            out.append((f.id if isinstance(f, ast.Name) else getattr(f, "attr", ""), n))
+    return out
+
+
+def test_both_trainers_get_stage_figures_only_from_the_profiler():
+    for trainer in ("harness/tf/telemetry.py", "harness/torch/run.py"):
+        names = {name for name, _ in _calls(ast.parse((ROOT / trainer).read_text()))}
+        assert "stage_figures" in names, f"{trainer} does not call profiler.telemetry.stage_figures"
+    found = []
+    for f in source_files():
+        part = f.relative_to(ROOT).parts[0]
+        if part == "profiler":
+            continue
+        tree = ast.parse(f.read_text())
+        allowed = set()  # calls inside a stage's `figures` or a path's `producer_figures`
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef) and fn.name in ("figures", "producer_figures") and part != "harness":
+                allowed |= {id(c) for _, c in _calls(fn)}
+        for name, call in _calls(tree):
+            if name in STAGE_FUNCTIONS and id(call) not in allowed:
+                found.append(f"{f.relative_to(ROOT)}:{call.lineno} calls {name}")
+    assert not found, "stage figures bypass profiler.telemetry.stage_figures:\n" + "\n".join(found)
+
+
 BAD_FLAGS = [
     (["--recv-timeout", "-1"], "--recv-timeout: -1 must be a finite number above 0"),
     (["--framework", "torch", "--fake-location", "nope"], "argument --fake-location: invalid choice: 'nope'"),

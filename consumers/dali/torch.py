@@ -21,6 +21,7 @@ from core.errors import ConfigError
 from core.registry import register
 from feeders.torch import to_device
 from frameworks.torch_trace import stage
+from profiler.telemetry import DescribedStage
 
 
 @register
@@ -100,10 +101,14 @@ class Dali(TorchInputPath):
             labels = labels.pin_memory()
         return images, labels_of(to_device([labels], dev)[0])
 
-    def stage_figures(self) -> dict[str, dict]:
-        return {"decoder": {"kind": "DALI", "device": self.decoded_on, "threads": max(1, self.cfg.dali_threads or 1)}}
+    def sampled_stages(self) -> list:
+        return [
+            DescribedStage(
+                "decoder", {"kind": "DALI", "device": self.decoded_on, "threads": max(1, self.cfg.dali_threads or 1)}
+            )
+        ]
 
-    def accounting(self) -> dict:
+    def result_fields(self) -> dict:
         return {"batches_pulled": self.batches}
 
     def close(self) -> None:

@@ -134,7 +134,7 @@ class PythonDataset(ProducerFed):
         images, labels = self.copier.copy(self._pull())
         return images, labels_of(labels)  # int32 -> int64 on the device, after the copy
 
-    def accounting(self) -> dict:
+    def result_fields(self) -> dict:
         # What reached the trainer; batches still in the workers' prefetch are not counted.
         return {"producers": self.tracker.table(), "batches_pulled": self.trained}
 

@@ -25,7 +25,7 @@ from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.registry import register
 from feeders.torch import Prefetcher
-from profiler.telemetry import delivered_figures, queue_figures, wire_figures
+from profiler.telemetry import SampledQueue, delivered_figures
 
 POLL_S = 0.2  # the thread checks for a stop this often while no batch arrives
 
@@ -89,27 +89,22 @@ class PythonQueue(ProducerFed):
             raise InputError(str(e)) from None
         return images, labels_of(labels)
 
-    def measure_start(self) -> None:
-        self._first = self.consumer.counters()
+    def counters(self, session=None) -> dict | None:
+        return None if self.consumer is None else self.consumer.counters()
 
-    def measure_end(self) -> None:
-        self._last = self.consumer.counters()
+    def sampled_stages(self) -> list:
+        return [SampledQueue(self.prefetch.queue_sizes if self.prefetch else [], self.depth)]
 
-    def stage_figures(self) -> dict[str, dict]:
-        out: dict = {}
-        queue = queue_figures(self.prefetch.queue_sizes if self.prefetch else [], self.depth)
-        if queue is not None:
-            out["queue"] = queue
-        if hasattr(self, "_last"):
-            wire = wire_figures(self._first, self._last)
-            if wire is not None:
-                out["wire"] = wire
-            dt = self._last["time"] - self._first["time"]
-            producers = self.consumer.tracker.producers
-            out["producers"] = delivered_figures(producers, self._first["received"], self.cfg.batch, dt)
-        return out
+    def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:
+        """Delivered rate per producer over the window (exact, consumer side) and the native headers' extras."""
+        if window is None or self.consumer is None:
+            return None
+        w0, w1 = window
+        return delivered_figures(
+            self.consumer.tracker.producers, w0["received"], self.cfg.batch, w1["time"] - w0["time"]
+        )
 
-    def accounting(self) -> dict:
+    def result_fields(self) -> dict:
         if self.consumer is None:
             return {}
         return {"producers": self.consumer.tracker.table(), "batches_pulled": self.consumer.batches}

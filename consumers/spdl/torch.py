@@ -25,6 +25,7 @@ from core.errors import ConfigError
 from core.registry import register
 from feeders.torch import Prefetcher
 from frameworks.torch_trace import stage
+from profiler.telemetry import DescribedStage
 
 
 @register
@@ -89,10 +90,14 @@ class Spdl(TorchInputPath):
         images, labels = self.prefetch.next()
         return images, labels_of(labels)
 
-    def stage_figures(self) -> dict[str, dict]:
-        return {"decoder": {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.dali_threads or 1)}}
+    def sampled_stages(self) -> list:
+        return [
+            DescribedStage(
+                "decoder", {"kind": "simplejpeg in an SPDL pipeline", "threads": max(1, self.cfg.dali_threads or 1)}
+            )
+        ]
 
-    def accounting(self) -> dict:
+    def result_fields(self) -> dict:
         return {"batches_pulled": self.prefetch.batches}
 
     def close(self) -> None:

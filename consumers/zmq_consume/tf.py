@@ -113,7 +113,7 @@ class ZmqConsume(TFInputPath):
     def callbacks(self) -> list[Callback]:
         return [self.stats]
 
-    def counters(self, session) -> dict | None:
+    def counters(self, session=None) -> dict | None:
         # A run of its own (not a fetch of the training step), so the counters are read
         # exactly between steps; it costs well under a millisecond, twice per run.
         rows, messages, nbytes = self.stats.read(session)

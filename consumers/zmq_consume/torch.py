@@ -23,7 +23,7 @@ from core.registry import register
 from feeders.cuda_slots import cuda_host_register
 from feeders.torch import to_device
 from frameworks.torch_trace import stage
-from profiler.telemetry import wire_figures
+from profiler.telemetry import stats_file_figures
 
 POLL_S = 0.2  # the step checks the producers this often while it waits for a batch
 SLOTS = 4  # pinned buffers in the ring: one the step uses, one being copied, the rest filled ahead
@@ -197,9 +197,15 @@ class ZmqConsume(ProducerFed):
         self._ready = self._fetch(wait=False)  # the next batch's copy overlaps this step, if it is there already
         return images, labels_of(labels)
 
-    def _counters(self) -> dict:
-        """The receiver's totals now, as profiler.telemetry.wire_figures takes them (it times no message)."""
-        _, n, nbytes = self.receiver.stats()
+    def counters(self, session=None) -> dict | None:
+        """The receiver's totals now, as profiler.telemetry.wire_figures takes them (it times no message).
+
+        The last snapshot is also what `result_fields` accounts for: the batches pulled by the window's end.
+        """
+        if self.receiver is None:
+            return None
+        self._final = self.receiver.stats()
+        _, n, nbytes = self._final
         return {
             "time": time.perf_counter(),
             "messages": n,
@@ -209,19 +215,13 @@ class ZmqConsume(ProducerFed):
             "source": "native receiver counters",
         }
 
-    def measure_start(self) -> None:
-        self._w0 = self._counters()
+    def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:
+        """The producers' own figures (their --stats-file): the native receiver keeps no header extras."""
+        if window is None or self.group is None:
+            return None
+        return stats_file_figures(self.producer_ids, self.group.stats(), self.cfg.batch)
 
-    def measure_end(self) -> None:
-        self._w1 = self._counters()
-        self._final = self.receiver.stats()
-        self._producers = self.producer_stats()
-
-    def stage_figures(self) -> dict[str, dict]:
-        wire = wire_figures(self._w0, self._w1) if hasattr(self, "_w1") else None
-        return {} if wire is None else {"wire": wire, "producers": self._producers}
-
-    def accounting(self) -> dict:
+    def result_fields(self) -> dict:
         if not hasattr(self, "_final"):
             return {}
         rows, messages, _ = self._final

@@ -29,7 +29,7 @@ from tensorpack.callbacks import Callback
 
 from frameworks.tf_env import import_tf
 from harness.schedule import Schedule
-from profiler.telemetry import exposed_input_us, input_wait_figures, wire_figures
+from profiler.telemetry import exposed_input_us, input_wait_figures, stage_figures
 
 tf = import_tf()
 
@@ -41,7 +41,8 @@ class Telemetry(Callback):
     """Samples every stage and traces input wait in the schedule's telemetry steps, outside the timed windows.
 
     `path` is the run's TFInputPath: its `sampled_stages()`, `input_op_types`,
-    `counters(session)` and `producer_figures(window)` are all this reads.
+    `counters(session)` and `producer_figures(window)` are all this reads;
+    profiler.telemetry.stage_figures turns them into figures, as for the PyTorch trainer.
     """
 
     def __init__(self, path, schedule: Schedule, images_per_step: int, sample_every: int = 4) -> None:
@@ -122,12 +123,8 @@ class Telemetry(Callback):
             "untimed_steps": self.schedule.repeats * (self.schedule.traced + self.schedule.settle),
         }
         out.update(input_wait_figures(self.traced))
-        out.update(dict.fromkeys(STAGES))
-        for s in self.stages:
-            out[s.name] = s.figures()
-        first, last = self._window
-        out["wire"] = wire_figures(first, last)
-        out["producers"] = self.path.producer_figures((first, last) if first and last else None)
+        out.update(dict.fromkeys(STAGES))  # every stage named, None where it reported nothing
+        out.update(stage_figures(self.path, *self._window))
         return out
 
 

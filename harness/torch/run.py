@@ -19,6 +19,7 @@ import time
 
 from core.config import BenchConfig
 from core.errors import FeedbenchError, InputError
+from profiler.telemetry import stage_figures
 
 
 def build(cfg: BenchConfig, device, world: int):
@@ -79,13 +80,13 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     try:
         timer.opened = time.perf_counter()  # the path's start, for its time to the first batch
         path.open(ctx)
-        _run_steps(
+        first = _run_steps(
             cfg, ctx, path, timer, lambda images, labels: train_step(prepared(images), labels), sync_debug,
             _emulated(model),
         )  # fmt: skip
-        path.measure_end()
+        window = (first, path.counters())  # the stage contract's raw state at the measured window's edges
         synchronize(ctx.device)
-        figures = _path_figures(path, timer, amp)
+        figures = _path_figures(path, timer, amp, window)
         if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them
             _profile(cfg, name, ctx, path, prepared, train_step)
     except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
@@ -146,8 +147,10 @@ def _emulated(model):
     return next((m for m in model.modules() if isinstance(m, EmulatedDevice)), None)
 
 
-def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | None, emulated=None) -> None:
+def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | None, emulated=None) -> dict | None:
     """Warm-up, then the timed windows: each step takes a batch from the path, the device's wait marked around it.
+
+    Returns the path's `counters()` from just before the first timed step.
 
     An emulated device runs its step while the host goes on (models/torch.py): a window ends when its last
     step has, and the input wait is the device's own (how long it sat idle for each batch).
@@ -158,9 +161,10 @@ def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | No
 
     show = ctx.rank == 0 and cfg.telemetry
     cuda = ctx.device.type == "cuda"
+    first = None
     for step in range(timer.needed):
         if step == cfg.warmup_steps:
-            path.measure_start()
+            first = path.counters()
             if sync_debug:  # after the warm-up: cuDNN's autotuning and DDP's first steps may synchronize
                 torch.cuda.set_sync_debug_mode(sync_debug)
         t0 = time.perf_counter()
@@ -193,13 +197,14 @@ def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | No
         path.check()
     if sync_debug:
         torch.cuda.set_sync_debug_mode(0)
+    return first
 
 
-def _path_figures(path, timer, amp) -> dict:
-    """This rank's figures: the timer's, the path's stages and accounting, and how it trained."""
+def _path_figures(path, timer, amp, window: tuple[dict | None, dict | None]) -> dict:
+    """This rank's figures: the timer's, the stages' (from the path's counters at `window`'s edges), how it trained."""
     figures = timer.figures()
-    figures["stages"] = path.stage_figures()
-    figures.update(path.accounting())
+    figures["stages"] = stage_figures(path, *window)
+    figures.update(path.result_fields())
     figures["decoded_on"] = path.decoded_on  # where DALI decoded, for the dali paths
     figures["batches_trained"] = timer.needed
     figures["amp"] = str(amp).replace("torch.", "") if amp is not None else None
