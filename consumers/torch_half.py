@@ -125,14 +125,6 @@ class ProducerFed(TorchInputPath):
         if self.group is not None and self.cfg.producer_kind == "dali":  # the rank's own GPU, or the CPU
             self.decoded_on = f"gpu {gpu} (dali producers)" if self.cfg.dali_device == "gpu" else "cpu (dali producers)"
 
-    def producer_stats(self) -> dict | None:
-        """The producers' own figures (their --stats-file), where the consumer sees no headers."""
-        from profiler.telemetry import stats_file_figures
-
-        if self.group is None:
-            return None
-        return stats_file_figures(self.producer_ids, self.group.stats(), self.cfg.batch)
-
     def check(self) -> None:
         """--on-producer-exit stop: fail naming a dead producer; continue: say so once, fail when none is left."""
         if self.group is None:
