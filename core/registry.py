@@ -152,9 +152,8 @@ class InputPath:
             "delivers_words": self.delivers_words,
             "host_cpu_advice": self.host_cpu_advice,
             "needs_producers": self.needs_producers,
-            # The schema's word for who makes the batches (docs/results.schema.json); feeders/ is the stage
-            # that puts a batch on a device. Renaming the key takes a schema version of its own.
-            "feeder": batch_maker_of(self.cfg) if self.needs_producers else None,
+            # Who makes the batches (docs/results.schema.json); "feeder" is what puts a batch on a device (feeders/).
+            "batch_maker": batch_maker_of(self.cfg) if self.needs_producers else None,
         }
 
 

@@ -63,7 +63,7 @@ def attribute(result: dict, baseline: dict | None) -> dict | None:
             "trainer_cores": cpu["threads"].get("trainer", {}).get("cores", 0.0),
             "cpu_s_per_step": {k: v["cpu_s_per_step"] for k, v in stages.items()},
         }
-        maker = (result.get("input") or {}).get("feeder") or {}
+        maker = (result.get("input") or {}).get("batch_maker") or {}
         if maker.get("kind") == "external":  # another process, maybe another host: not ours to measure
             out["cpu"]["producer_cores"] = None
             out["cpu"]["producers_not_measured"] = f"{maker['name']} is not started by the run"

@@ -12,7 +12,7 @@ from core.errors import ConfigError
 from core.registry import BASELINE
 from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, drift_words, uncertainty
 
-SCHEMA_VERSION = 2  # of every JSON feedbench writes (--json, --out, --sweep); docs/results.schema.json
+SCHEMA_VERSION = 3  # of every JSON feedbench writes (--json, --out, --sweep); docs/results.schema.json
 
 
 def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) -> None:

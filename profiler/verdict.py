@@ -202,7 +202,7 @@ def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None)
     """The input limits: the producers' figures say which side of the wire (stage, advice)."""
     prod = (result.get("telemetry") or {}).get("producers")
     words = result.get("input") or _GENERIC
-    maker = words.get("feeder")
+    maker = words.get("batch_maker")
     ips = result["images_per_sec"]["median"]
     against = f" against {baseline_ips:.0f} img/s with on-device data" if baseline_ips else ""
     who = maker["name"] if maker and maker["kind"] in ("loader", "external") else "producers"

@@ -193,7 +193,7 @@ def _sweep(doc: dict) -> dict:
         ("{not json", "not JSON"),
         ("[1, 2]", "not a feedbench result (no `paths`)"),
         ("sweep", "a sweep's results (--sweep)"),
-        ("old schema", "schema_version 1; this feedbench reads 2"),
+        ("old schema", "schema_version 1; this feedbench reads 2 and 3"),
         ("no figures", "path python-queue has no images_per_sec.median"),
         ("folder", "a folder, not a result file"),
     ],

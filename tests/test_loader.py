@@ -373,7 +373,7 @@ def test_a_loader_feeds_zmq_consume_and_its_capacity_is_found(data, tmp_path, lo
     assert code == 0, err[-3000:]
     doc = json.loads(js.read_text())
     r = doc["paths"]["zmq-consume"]
-    assert r["input"]["feeder"] == {"kind": "loader", "name": f"loader {loader}", "loader": loader, "workers": 1}
+    assert r["input"]["batch_maker"] == {"kind": "loader", "name": f"loader {loader}", "loader": loader, "workers": 1}
     assert r["images_per_sec"]["median"] > 0
     if search:
         assert doc["capacity"]["zmq-consume"]["images_per_sec"] > 0
