@@ -47,6 +47,7 @@ import tensorflow as tf  # noqa: E402
 
 import zmq_ops  # noqa: E402
 from benchmarks.memcpy import memcpy_bandwidth  # noqa: E402
+from producers.commands import producer_command  # noqa: E402
 from wire import message  # noqa: E402
 from wire.endpoints import free_tcp_port  # noqa: E402
 
@@ -144,12 +145,12 @@ def producer(ep: str, fmt: str, cfg: Config) -> Iterator[None]:
     """A producer process connected to `ep`, stopped (with its workers) on exit."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if project_producer_works():
-        args = ["-m", "producers", "synthetic", "--endpoint", ep, "--batch", str(cfg.batch), "--image-size",
-                str(cfg.image_size), "--wire-format", fmt, "--quiet", "--hwm", "4",
-                "--workers", str(cfg.producer_workers)]  # fmt: skip
+        cmd = producer_command(
+            "synthetic", ep, cfg.batch, cfg.image_size, workers=cfg.producer_workers, fmt=fmt, extra=["--hwm", "4"]
+        )
     else:
-        args = ["-c", PRIVATE_SENDER, ep, fmt, str(cfg.batch), str(cfg.image_size)]
-    proc = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, start_new_session=True)
+        cmd = [sys.executable, "-c", PRIVATE_SENDER, ep, fmt, str(cfg.batch), str(cfg.image_size)]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
     try:
         yield
     finally:

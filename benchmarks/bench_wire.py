@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -22,6 +21,7 @@ from tabulate import tabulate
 from benchmarks.memcpy import memcpy_bandwidth
 from consumers.zmq_pull import PullConsumer
 from core.cli_types import positive_int
+from producers.commands import producer_command
 from profiler.summary import Summary
 from wire.endpoints import free_tcp_port
 
@@ -30,9 +30,9 @@ def start_producer(
     endpoint: str, fmt: str, count: int, batch: int, image_size: int, workers: int = 1
 ) -> subprocess.Popen:
     """A real `python -m producers synthetic` process pushing to `endpoint`."""
-    cmd = [sys.executable, "-m", "producers", "synthetic", "--endpoint", endpoint, "--wire-format", fmt]
-    cmd += ["--count", str(count), "--batch", str(batch), "--image-size", str(image_size)]
-    cmd += ["--workers", str(workers), "--quiet", "--give-up-after", "30"]
+    cmd = producer_command(
+        "synthetic", endpoint, batch, image_size, workers=workers, fmt=fmt, count=count, extra=["--give-up-after", "30"]
+    )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return subprocess.Popen(cmd, cwd=root)
 
