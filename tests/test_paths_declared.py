@@ -221,3 +221,24 @@ def test_a_bad_flag_is_refused_before_either_framework_is_imported():
         rc, imported = json.loads(p.stdout.strip().splitlines()[-1])
         assert rc == 2 and words in p.stderr, (argv, p.stderr[-1000:])
         assert imported == [], (argv, imported)
+
+
+def _registered_classes(half: Path) -> list[str]:
+    """The classes a framework half registers (`@register`)."""
+    tree = ast.parse(half.read_text())
+    return [
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.ClassDef) and any(getattr(d, "id", None) == "register" for d in n.decorator_list)
+    ]
+
+
+def test_a_path_has_one_class_name_in_both_frameworks():
+    """One name per meaning: a reader who knows zmq-consume's TensorFlow class finds its PyTorch one by name."""
+    names = {}
+    for pkg in declarations():
+        halves = {fw: ROOT / "consumers" / pkg / f"{fw}.py" for fw in ("tf", "torch")}
+        names[pkg] = {fw: _registered_classes(f) for fw, f in halves.items() if f.exists()}
+    assert all(len(n) == 1 for per in names.values() for n in per.values()), names
+    differ = {pkg: per for pkg, per in names.items() if len({n[0] for n in per.values()}) > 1}
+    assert not differ, f"a path's halves register classes of different names: {differ}"

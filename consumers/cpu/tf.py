@@ -16,7 +16,7 @@ tf = import_tf()
 
 
 @register
-class CpuSynthetic(TFInputPath):
+class HostRandom(TFInputPath):
     declaration = PATH
 
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:

@@ -25,7 +25,7 @@ from profiler.telemetry import DescribedStage
 
 
 @register
-class Dali(TorchInputPath):
+class InProcessDali(TorchInputPath):
     declaration = PATH
 
     @classmethod
