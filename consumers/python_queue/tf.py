@@ -12,31 +12,25 @@ from consumers.python_queue.path import PATH
 from consumers.tf_pull import PythonPull
 from core.registry import register
 from frameworks.tf_env import import_tf
-from profiler.telemetry import queue_figures
+from profiler.telemetry import SampledQueue
 
 tf = import_tf()
 
 CAPACITY = 8
 
 
-class QueueStage:
-    """The FIFOQueue's size, fetched with every measured step."""
-
-    name = "queue"
+class QueueStage(SampledQueue):
+    """The FIFOQueue's size, fetched with every measured step; its figures are any sampled queue's."""
 
     def __init__(self, queue, capacity: int) -> None:
+        super().__init__([], capacity)
         self.queue = queue
-        self.capacity = capacity
-        self.sizes: list[int] = []
 
     def fetches(self):
         return self.queue.size()
 
     def record(self, value) -> None:
         self.sizes.append(int(value))
-
-    def figures(self) -> dict | None:
-        return queue_figures(self.sizes, self.capacity)
 
     def live(self) -> str:
         return f"queue {self.sizes[-1]}/{self.capacity}" if self.sizes else ""

@@ -198,14 +198,10 @@ class ZmqConsume(ProducerFed):
         return images, labels_of(labels)
 
     def counters(self, session=None) -> dict | None:
-        """The receiver's totals now, as profiler.telemetry.wire_figures takes them (it times no message).
-
-        The last snapshot is also what `result_fields` accounts for: the batches pulled by the window's end.
-        """
+        """The receiver's totals now, as profiler.telemetry.wire_figures takes them (it times no message)."""
         if self.receiver is None:
             return None
-        self._final = self.receiver.stats()
-        _, n, nbytes = self._final
+        _, n, nbytes = self.receiver.stats()
         return {
             "time": time.perf_counter(),
             "messages": n,
@@ -222,9 +218,9 @@ class ZmqConsume(ProducerFed):
         return stats_file_figures(self.producer_ids, self.group.stats(), self.cfg.batch)
 
     def result_fields(self) -> dict:
-        if not hasattr(self, "_final"):
+        if self.receiver is None:
             return {}
-        rows, messages, _ = self._final
+        rows, messages, _ = self.receiver.stats()  # one snapshot: the rows add up to the batches pulled
         out = {
             "producers": native_rows(rows),
             "batches_pulled": int(messages),
