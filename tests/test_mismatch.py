@@ -40,7 +40,8 @@ while True:
     seq += 1
 """
 
-RUN = ("--input-only", "--num-gpus", "2", "--batch", "2", "--image-size", "32", "--recv-timeout", "600")
+# One tower: the batch check is made where a batch enters the run, the same for every tower.
+RUN = ("--input-only", "--num-gpus", "1", "--batch", "2", "--image-size", "32", "--recv-timeout", "600")
 
 CASES = [
     # (path, producer: synthetic flags or odd-sender kind, words the error line must hold)
@@ -54,17 +55,28 @@ CASES = [
     ("zmq-consume", "count", ["3 tensors", "expects 2"]),
     ("python-dataset", "count", ["producer 5", "int32 [2], int32 [2]; the run expects"]),
 ]
+# Launched: every zmq-consume case (the graph's shape checks and the op's dtype and count checks each
+# make their own line) and one case of each Python path; the Python paths' other cases are refused by
+# the same check (consumers/tf_pull.py's PullFlow), run in-process below on a real socket.
+LAUNCHED = [c for c in CASES if c[0] == "zmq-consume"] + [CASES[1], CASES[2]]
 
 
-@pytest.mark.parametrize(
-    "path, producer, words", CASES, ids=[f"{c[0]}-{c[1] if isinstance(c[1], str) else c[1][0][2:]}" for c in CASES]
-)
-def test_an_unexpected_batch_stops_the_run_with_one_line(procs, ipc_dir, tmp_path, path, producer, words):
-    endpoint = f"ipc://{ipc_dir}/ext"
+def case_ids(cases: list) -> list[str]:
+    return [f"{c[0]}-{c[1] if isinstance(c[1], str) else c[1][0][2:]}" for c in cases]
+
+
+def start_odd_producer(procs, endpoint: str, producer):
+    """The external producer of a case: the odd sender of a kind, or a real producer with other flags."""
     if isinstance(producer, str):
-        external = procs.start("-c", ODD_SENDER, endpoint, producer)
-    else:
-        external = procs.producer(endpoint, "--batch", "2", "--image-size", "32", "--producer-id", "7", *producer)
+        return procs.start("-c", ODD_SENDER, endpoint, producer)
+    return procs.producer(endpoint, "--batch", "2", "--image-size", "32", "--producer-id", "7", *producer)
+
+
+@pytest.mark.parametrize("path, producer, words", LAUNCHED, ids=case_ids(LAUNCHED))
+def test_an_unexpected_batch_stops_the_run_with_one_line(procs, ipc_dir, tmp_path, path, producer, words):
+    """The whole run: exit 2, one line naming path, endpoint and both layouts, no JSON, nothing left running."""
+    endpoint = f"ipc://{ipc_dir}/ext"
+    external = start_odd_producer(procs, endpoint, producer)
     out_json = tmp_path / "r.json"
     code, out, err = run_cli(procs, "--fake-location", path, *RUN, "--endpoint", endpoint, "--json", str(out_json))
     assert code == 2, err
@@ -79,6 +91,29 @@ def test_an_unexpected_batch_stops_the_run_with_one_line(procs, ipc_dir, tmp_pat
     # Nothing of the run is left: only the external producer (not the run's to stop) holds the endpoint.
     holders = [p for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])]
     assert [p.pid for p in holders] == [external.pid]
+
+
+PYTHON_CASES = [c for c in CASES if c[0] != "zmq-consume"]
+
+
+@pytest.mark.parametrize("path, producer, words", PYTHON_CASES, ids=case_ids(PYTHON_CASES))
+def test_the_python_paths_name_every_unexpected_batch(procs, ipc_dir, path, producer, words):
+    """The check both Python paths run on each batch, fed by the case's real producer process."""
+    from tensorpack.dataflow import DataFlowTerminated
+
+    from consumers.expect import BatchSpec, receive_cap
+    from consumers.tf_pull import PullFlow
+    from consumers.zmq_pull import PullConsumer
+
+    endpoint = f"ipc://{ipc_dir}/ext"
+    start_odd_producer(procs, endpoint, producer)
+    with PullConsumer(endpoint, bind=True, recv_timeout=600, max_msg_size=receive_cap(2, 32)) as consumer:
+        flow = PullFlow(consumer, BatchSpec.images(2, 32))
+        with pytest.raises(DataFlowTerminated):
+            next(iter(flow))
+    for w in words:
+        assert w in flow.error, flow.error
+    assert "no batch" not in flow.error
 
 
 @pytest.mark.timeout(300)

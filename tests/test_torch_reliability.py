@@ -173,10 +173,16 @@ MISMATCH = [
     ("zmq-consume", "dtype", ["float"]),
     ("zmq-consume", "count", ["3"]),
 ]
+# One launch per input path: each path turns its refusal into the run's line on its own code path.
+LAUNCHED = [MISMATCH[0], MISMATCH[5], MISMATCH[9]]
 
 
-@pytest.mark.parametrize("path, kind, words", MISMATCH, ids=[f"{p}-{k}" for p, k, _ in MISMATCH])
+@pytest.mark.parametrize("path, kind, words", LAUNCHED, ids=[f"{p}-{k}" for p, k, _ in LAUNCHED])
 def test_a_producer_of_the_wrong_layout_is_refused_on_every_path(procs, ipc_dir, tmp_path, path, kind, words):
+    """The whole run, once per path: exit 2, one line naming path, endpoint and layouts, no JSON, nothing left.
+
+    Every other kind of wrong batch is refused by the same receiving code, checked in-process below.
+    """
     endpoint = f"ipc://{ipc_dir}/ext"
     rank0 = f"{endpoint}-r0" + ("-w0" if path == "python-dataset" else "")  # rank 0's endpoint (worker 0's)
     external = procs.start("-c", ODD_SENDER, rank0, kind)
@@ -195,6 +201,46 @@ def test_a_producer_of_the_wrong_layout_is_refused_on_every_path(procs, ipc_dir,
     assert not out_json.exists()
     holders = [p for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])]
     assert [p.pid for p in holders] == [external.pid]
+
+
+def refusal(path: str, folder: str) -> str:
+    """What rank 0's receiving code raises on the first batch an external producer sends to it in `folder`."""
+    import torch
+
+    from consumers.expect import receive_cap
+    from consumers.python_dataset.torch import PullDataset
+    from consumers.torch_half import RankContext
+    from core import registry
+    from core.config import BenchConfig
+
+    cfg = BenchConfig(paths=[path], num_gpus=1, batch=2, image_size=32, producers=1, input_only=True)
+    endpoint = f"ipc://{folder}/ext"
+    cfg.endpoint, cfg.recv_timeout, cfg.max_msg_size = endpoint, 600.0, receive_cap(2, 32)
+    if path == "python-dataset":  # what each loader worker runs, here without the loader's process around it
+        source = PullDataset([f"{endpoint}-r0-w0"], cfg)
+        with pytest.raises(ValueError) as e:
+            next(iter(source))
+        return str(e.value)
+    reader = registry.get("torch", path)(cfg)  # the path a rank opens, reading rank 0's endpoint
+    try:
+        reader.open(RankContext(0, 1, 0, torch.device("cpu"), folder))
+        with pytest.raises(ValueError) as e:
+            reader.next()
+    finally:
+        reader.close()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("path, kind, words", MISMATCH, ids=[f"{p}-{k}" for p, k, _ in MISMATCH])
+def test_every_wrong_layout_is_named_by_the_code_that_receives_it(procs, ipc_dir, path, kind, words):
+    """Each kind of wrong batch, on each path, sent by a real producer process to the rank's real receiver."""
+    endpoint = f"ipc://{ipc_dir}/ext"
+    rank0 = f"{endpoint}-r0" + ("-w0" if path == "python-dataset" else "")
+    procs.start("-c", ODD_SENDER, rank0, kind)
+    message = refusal(path, ipc_dir)
+    for w in words:
+        assert w in message, message
+    assert "no batch" not in message
 
 
 def test_a_batch_that_cannot_fit_in_memory_is_refused_before_anything_starts(procs, tmpdir_env):
