@@ -11,7 +11,20 @@ from conftest import descendants
 
 pytestmark = pytest.mark.timeout(360)  # the gpu baseline runs its 100000 steps first
 
-FAST = ["--input-only", "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--recv-timeout", "120"]
+# One tower: what these runs check (producers dying, signals) happens before and beside the towers.
+FAST = [
+    "--input-only",
+    "--num-gpus",
+    "1",
+    "--batch",
+    "2",
+    "--image-size",
+    "32",
+    "--warmup-steps",
+    "1",
+    "--recv-timeout",
+    "120",
+]
 # The run's 1000 steps include the gpu baseline's, which are quick; --producer-rate keeps the path under test busy.
 
 
