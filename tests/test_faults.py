@@ -12,19 +12,8 @@ from conftest import descendants
 pytestmark = pytest.mark.timeout(360)  # the gpu baseline runs its 100000 steps first
 
 # One tower: what these runs check (producers dying, signals) happens before and beside the towers.
-FAST = [
-    "--input-only",
-    "--num-gpus",
-    "1",
-    "--batch",
-    "2",
-    "--image-size",
-    "32",
-    "--warmup-steps",
-    "1",
-    "--recv-timeout",
-    "120",
-]
+FAST = ["--input-only", "--num-gpus", "1", "--batch", "2", "--image-size", "32", "--warmup-steps", "1",
+        "--recv-timeout", "120"]  # fmt: skip
 # The run's 1000 steps include the gpu baseline's, which are quick; --producer-rate keeps the path under test busy.
 
 
