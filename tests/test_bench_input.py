@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import psutil
@@ -15,6 +16,7 @@ from core import registry
 from core.config import BenchConfig, apply_defaults
 from frameworks.tf_env import import_tf
 from harness.tf.run import InputError, run_path
+from tests.conftest import ROOT, Procs
 
 tf = import_tf()
 pytestmark = pytest.mark.timeout(300)
@@ -147,6 +149,8 @@ def test_silent_external_endpoint_stops_with_an_error_and_no_json(procs, ipc_dir
 
 
 def test_zmq_consume_with_an_external_producer_writes_the_report(procs, ipc_dir, tmp_path):
+    """--json alone writes the report, with every figure and no step clock in it, and no timeline (that comes
+    with --out); the external producer is left running."""
     endpoint = f"ipc://{ipc_dir}/ext"
     producer = procs.producer(endpoint, "--batch", "2", "--image-size", "32", "--producer-id", "7")
     out_json = tmp_path / "r.json"
@@ -164,33 +168,57 @@ def test_zmq_consume_with_an_external_producer_writes_the_report(procs, ipc_dir,
     assert len(z["images_per_sec"]["repeats"]) == 2
     assert {"p50", "p90", "p99"} <= set(z["step_time_ms"])
     assert doc["config"]["batch"] == 2 and doc["device"]["cpu_cores"]
+    assert "clock" not in json.dumps(doc)  # the step clocks go to the timeline, which --json alone does not write
+    assert not list(ROOT.glob("timeline.*")) and not list(tmp_path.glob("timeline.*"))
     assert producer.poll() is None  # an external producer is not ours to stop
 
 
-def test_run_started_producers_are_gone_after_the_run(procs, tmp_path):
-    # The run's endpoint lives in its temporary folder under TMPDIR: its producers name it on their command line.
-    p = procs.start(
-        "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--batch", "2", "--image-size", "32",
-        "--warmup-steps", "1", "--steps", "2", "--repeats", "1", "--producers", "2",
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-    )  # fmt: skip
-    out, err = p.communicate(timeout=240)
-    assert p.returncode == 0, err
-    assert "zmq-consume" in out and "vs gpu" in out
-    mine = [q for q in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(q.info["cmdline"] or [])]
-    assert not mine, "a producer of the run outlived it"
-    assert not list(tmp_path.iterdir()), "the run's temporary folder is removed"
+@pytest.fixture(scope="module")
+def decode_run(tmp_path_factory) -> Iterator[dict]:
+    """One zmq-consume run fed by two producers it starts itself, decoding JPEGs from disk.
+
+    It serves both the real-data test and the clean-up test: the producers are the run's own whatever they
+    send, so one launch shows they feed the run and that none of them outlives it.
+    """
+    data = tmp_path_factory.mktemp("jpegs")
+    tmp = tmp_path_factory.mktemp("run-tmp")  # the run's endpoint folder: its producers name it on their command line
+    procs = Procs()
+    try:
+        made = procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4")
+        assert made.wait(120) == 0
+        p = procs.start(
+            "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--producer-kind", "decode",
+            "--data", str(data), "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--steps", "2",
+            "--repeats", "1", "--producers", "2", env={**os.environ, "TMPDIR": str(tmp)},
+        )  # fmt: skip
+        out, err = p.communicate(timeout=240)
+        left = [q for q in psutil.process_iter(["cmdline"]) if str(tmp) in " ".join(q.info["cmdline"] or [])]
+        yield {"code": p.returncode, "out": out, "err": err, "left": left, "tmp": tmp}
+    finally:
+        procs.cleanup()
 
 
-@pytest.mark.parametrize("producer", ["decode", "dali"])
-def test_real_data_producers_feed_the_run(procs, tmp_path, producer):
-    if producer == "dali":
-        pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -e '.[dali]')")
+def test_run_started_producers_are_gone_after_the_run(decode_run):
+    """The run's two producers are gone when it returns and its temporary folder under TMPDIR is removed."""
+    assert decode_run["code"] == 0, decode_run["err"]
+    assert "zmq-consume" in decode_run["out"] and "vs gpu" in decode_run["out"]
+    assert not decode_run["left"], "a producer of the run outlived it"
+    assert not list(decode_run["tmp"].iterdir()), "the run's temporary folder is removed"
+
+
+def test_decode_producers_feed_the_run(decode_run):
+    """--producer-kind decode: producers decoding real JPEGs feed zmq-consume to the end of its steps."""
+    assert decode_run["code"] == 0, decode_run["err"]
+    assert "zmq-consume" in decode_run["out"].split("input path")[-1]
+
+
+def test_dali_producers_feed_the_run(procs, tmp_path):
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -e '.[dali]')")
     data = tmp_path / "data"
     made = procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4")
     assert made.wait(120) == 0
     code, out, err = run_cli(
-        procs, "--fake-location", "zmq-consume", "--input-only", "--producer-kind", producer, "--data", str(data),
+        procs, "--fake-location", "zmq-consume", "--input-only", "--producer-kind", "dali", "--data", str(data),
         "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--steps", "2", "--repeats", "1", "--producers", "1",
     )  # fmt: skip
     assert code == 0, err
@@ -211,7 +239,7 @@ def test_in_process_dali_path_trains(tmp_path, procs):
     assert (
         procs.start("-m", "producers", "make-dataset", str(data), "--classes", "3", "--per-class", "4").wait(120) == 0
     )
-    r = run_path(small(num_gpus=2, data=str(data)), "dali", has_gpu=False)
+    r = run_path(small(num_gpus=1, data=str(data)), "dali", has_gpu=False)  # one tower: the claim is the path
     assert r["loss_finite"] and r["steps_run"] >= 3
 
 

@@ -98,22 +98,37 @@ def _op():
     return pytest.importorskip("zmq_ops.tf_op", reason="zmq_ops op not built (run `make op`)")
 
 
+EAGER_TESTS = (  # every test below that pulls eagerly: one fresh Python runs them all when one needs it
+    "test_four_producers_times_a_thousand_batches_through_the_op_in_place",
+    "test_an_op_consumer_holding_every_slot_gets_one_line_not_a_hang",
+)
+_fresh_run: dict[str, str] = {}
+
+
 def ran_in_a_fresh_process(request) -> bool:
     """These tests pull eagerly. In a process where a graph-mode test ran first (v2 behaviour is off for the
-    whole process, and cannot be turned back on), run this test in a fresh Python instead; True when it did."""
+    whole process, and cannot be turned back on), run this test in a fresh Python instead; True when it did.
+
+    The first test that needs one starts a single fresh pytest for all of EAGER_TESTS (one TensorFlow start-up,
+    not one each); each test then checks its own outcome in that run's report.
+    """
     if _op().tf.executing_eagerly():
         return False
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
-        cwd=root, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-2000:]
+    if "stdout" not in _fresh_run:
+        module = request.node.nodeid.split("::")[0]
+        r = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-k", " or ".join(EAGER_TESTS),
+             module],
+            cwd=root, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        _fresh_run.update(stdout=r.stdout, stderr=r.stderr)
+    out = _fresh_run["stdout"]
+    assert f"PASSED {request.node.nodeid}" in out, out[-4000:] + _fresh_run["stderr"][-2000:]
     return True
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_four_producers_times_a_thousand_batches_through_the_op_in_place(procs, ep, request) -> None:
     """Eager pulls: every output is the slot; tensors kept alive across hundreds of pulls keep their bytes."""
     if ran_in_a_fresh_process(request):
@@ -145,7 +160,7 @@ def test_four_producers_times_a_thousand_batches_through_the_op_in_place(procs, 
         p.wait(60)
 
 
-@pytest.mark.timeout(600)  # may run again in a fresh process (see ran_in_a_fresh_process)
+@pytest.mark.timeout(600)  # may run all of EAGER_TESTS in a fresh process (see ran_in_a_fresh_process)
 @pytest.mark.parametrize("zero_copy", [True, False])
 def test_an_op_consumer_holding_every_slot_gets_one_line_not_a_hang(procs, ep, zero_copy, request) -> None:
     """Two slots, both held as live tensors: zero-copy says so (copying needs no slot held, so it runs on)."""
