@@ -110,7 +110,10 @@ def text(doc: dict) -> str:
         f"loader {doc['loader']} alone, no trainer, tuned for {demand_words(d)} ({doc['machine_cores']} cores here)",
         tabulate(rows, headers=headers, disable_numparse=True),
     ]
-    out.append("interval: of the median rate of the window's slices (each cut at batch boundaries)")
+    out.append(
+        "interval: of the median rate of the window's slices (each cut at batch boundaries); a setting that meets "
+        "the demand is measured in fresh processes: their median, and an interval spanning theirs"
+    )
     out += [f"{s['setting']}: not tried: {s['why']}" for s in tu["not_tried"]]
     out.append("")
     if tu["chosen"]:
