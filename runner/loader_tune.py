@@ -164,10 +164,12 @@ def search(opts: Options, kind: str, grid: list[dict], demand: Demand, timeline:
     that one in CONFIRM_PROCESSES fresh processes."""
     tried = []
     for setting in grid:
-        o = dataclasses.replace(opts, spec=spec_with(opts.spec, kind, setting))
-        points = [measure(o, 1, timeline, short_label(setting))]
+        at = dataclasses.replace(opts, spec=spec_with(opts.spec, kind, setting))
+        points = [measure(at, 1, timeline, short_label(setting))]
         if points[0]["images_per_sec"] >= demand.total:
-            points += [measure(o, 1, timeline, f"{short_label(setting)} #{i}") for i in range(2, CONFIRM_PROCESSES + 1)]
+            points += [
+                measure(at, 1, timeline, f"{short_label(setting)} #{i}") for i in range(2, CONFIRM_PROCESSES + 1)
+            ]
         row = tune_row(setting, points, demand.total)
         tried.append(row)
         over = f" (median of {len(points)} fresh processes)" if len(points) > 1 else ""

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import numpy as np
 import psutil
 import pytest
+from conftest import ROOT, Procs
 from tensorpack.callbacks import Callback
 
 from core import registry
 from core.config import BenchConfig, apply_defaults
 from frameworks.tf_env import import_tf
 from harness.tf.run import InputError, run_path
-from tests.conftest import ROOT, Procs
 
 tf = import_tf()
 pytestmark = pytest.mark.timeout(300)

@@ -7,6 +7,7 @@ batch read from the wrong slot, shows as wrong bytes.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -102,29 +103,30 @@ EAGER_TESTS = (  # every test below that pulls eagerly: one fresh Python runs th
     "test_four_producers_times_a_thousand_batches_through_the_op_in_place",
     "test_an_op_consumer_holding_every_slot_gets_one_line_not_a_hang",
 )
-_fresh_run: dict[str, str] = {}
+
+
+@functools.cache
+def eager_run(module: str) -> subprocess.CompletedProcess:
+    """One fresh pytest of every test of EAGER_TESTS in `module` (one TensorFlow start-up, not one each)."""
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-k", " or ".join(EAGER_TESTS),
+         module],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
 
 
 def ran_in_a_fresh_process(request) -> bool:
     """These tests pull eagerly. In a process where a graph-mode test ran first (v2 behaviour is off for the
     whole process, and cannot be turned back on), run this test in a fresh Python instead; True when it did.
 
-    The first test that needs one starts a single fresh pytest for all of EAGER_TESTS (one TensorFlow start-up,
-    not one each); each test then checks its own outcome in that run's report.
+    The first test that needs one starts eager_run for all of EAGER_TESTS; each test then checks its own
+    outcome in that run's report.
     """
     if _op().tf.executing_eagerly():
         return False
-    root = Path(__file__).resolve().parent.parent
-    if "stdout" not in _fresh_run:
-        module = request.node.nodeid.split("::")[0]
-        r = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-k", " or ".join(EAGER_TESTS),
-             module],
-            cwd=root, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        _fresh_run.update(stdout=r.stdout, stderr=r.stderr)
-    out = _fresh_run["stdout"]
-    assert f"PASSED {request.node.nodeid}" in out, out[-4000:] + _fresh_run["stderr"][-2000:]
+    r = eager_run(request.node.nodeid.split("::")[0])
+    assert f"PASSED {request.node.nodeid}" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
     return True
 
 
