@@ -109,9 +109,12 @@ def launch(
     if cfg.bind and workers > 1:
         # N workers cannot bind one endpoint; let the consumer bind and the workers connect.
         raise ValueError("--bind takes one worker; with several, let the consumer bind and the workers connect")
-    spawn = mp.get_context("spawn")
-    shared = spawn.RawArray("d", workers * len(Counters.FIELDS))
-    stop = spawn.RawValue("b", 0)  # lock-free: no semaphore to leave behind
+    # A source builds its batches in each worker. One that may hold threads or a device (a user's loader,
+    # DALI, a decoder) starts its workers fresh ("spawn"); one that says `start_method = "fork"` is copied
+    # from this process, which has started no thread yet: no second import, no resource tracker.
+    ctx = mp.get_context(getattr(source, "start_method", "spawn"))
+    shared = ctx.RawArray("d", workers * len(Counters.FIELDS))
+    stop = ctx.RawValue("b", 0)  # lock-free: no semaphore to leave behind
     procs = []
     readers: list[Connection] = []
     interrupted = []
@@ -124,8 +127,8 @@ def launch(
     try:
         for i, n in enumerate(_split(cfg.count, workers)):
             wcfg = replace(cfg, count=n, producer_id=cfg.producer_id + i)
-            reader, writer = spawn.Pipe(duplex=False)
-            p = spawn.Process(target=_worker, args=(source, i, wcfg, shared, stop, writer, os.getpid()), daemon=True)
+            reader, writer = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker, args=(source, i, wcfg, shared, stop, writer, os.getpid()), daemon=True)
             p.start()
             writer.close()  # the worker holds the only writer: its end of file means it is gone
             procs.append(p)

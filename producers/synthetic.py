@@ -36,6 +36,9 @@ class SyntheticSource:
 
     # The sender may hand us buffers to write into (shm:// slots).
     fills_buffers = True
+    # Numpy only, built after the fork: a worker copied from the launcher starts in milliseconds, where a
+    # spawned one imports numpy and zmq again and brings up multiprocessing's resource tracker.
+    start_method = "fork"
 
     def __call__(
         self, worker: int, buffers: Callable[[], list[np.ndarray] | None] | None = None

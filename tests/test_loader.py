@@ -276,14 +276,19 @@ def _plain_loop_rate(data: str, seconds: float) -> float:
     return float(text.strip().splitlines()[-1])
 
 
+def tv_loader(data: str) -> list[str]:
+    """The torchvision example at batch 8, 64x64, its DataLoader without workers of its own."""
+    return ["--loader", f"{TV}:make_loader", "--loader-arg", f"data={data}", "--loader-arg", "batch_size=8",
+            "--loader-arg", "image_size=64", "--loader-arg", "num_workers=0"]  # fmt: skip
+
+
 @pytest.mark.timing
-def test_loader_only_agrees_with_a_plain_loop_and_its_stages_add_up(data, tmp_path):
+def test_loader_only_agrees_with_a_plain_loop(data, tmp_path):
     """One worker's rate against the same DataLoader in a plain loop, measured just before and just after it.
 
     A timing test: it runs alone, and is measured again (tests/conftest.py) when other work spoiled it.
     """
-    tv = ["--loader", f"{TV}:make_loader", "--loader-arg", f"data={data}", "--loader-arg", "batch_size=8",
-          "--loader-arg", "image_size=64", "--loader-arg", "num_workers=0"]  # fmt: skip
+    tv = tv_loader(data)
     js = tmp_path / "one.json"
     before = _plain_loop_rate(data, 5.0)
     p = start("bench_input.py", *tv, "--loader-only", "--loader-workers", "1", "--loader-seconds", "5",
@@ -296,7 +301,12 @@ def test_loader_only_agrees_with_a_plain_loop_and_its_stages_add_up(data, tmp_pa
     assert abs(one["images_per_sec"] - plain) <= 0.10 * plain, (
         f"--loader-only {one['images_per_sec']:.0f} img/s, plain loop {before:.0f} and {after:.0f}"
     )
-    # The whole sweep, up to the machine's cores, with a demand, the stages and the plot.
+
+
+def test_loader_only_sweeps_up_to_the_cores_with_a_demand_and_stages_that_add_up(data, tmp_path):
+    """The whole sweep, up to the machine's cores, with a demand, the stages and the plot. No rate is compared
+    with another here: the stages' shares are of one sample's own time, so this runs beside other tests."""
+    tv = tv_loader(data)
     out = tmp_path / "out"
     p = start("bench_input.py", *tv, "--loader-only", "--loader-seconds", "2", "--emulate", "H100",
               "--num-devices", "8", "--out", str(out))  # fmt: skip

@@ -199,8 +199,8 @@ def test_a_producer_of_the_wrong_layout_is_refused_on_every_path(procs, ipc_dir,
         assert w in line, line
     assert "no batch" not in line
     assert not out_json.exists()
-    holders = [p for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])]
-    assert [p.pid for p in holders] == [external.pid]
+    holders = {p.pid for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])}
+    assert holders == {external.pid, *(w.pid for w in psutil.Process(external.pid).children())}  # and its workers
 
 
 def refusal(path: str, folder: str) -> str:
