@@ -600,8 +600,8 @@ def test_a_generator_that_ends_after_one_batch_is_called_again_by_its_producers(
     """A generator loader is one pass; its producers call it again per pass, so 7 steps of a 1-batch generator run."""
     (tmp_path / "one.py").write_text(ONE_BATCH)
     p = start("bench_input.py", "--framework", framework, "--fake-location", path, "--loader", f"{tmp_path}/one.py:fn",
-              "--num-gpus", "1", "--batch", "2", "--image-size", "8", "--warmup-steps", "2", "--steps", "5",
-              "--repeats", "1", "--recv-timeout", "20", "--json", str(tmp_path / "r.json"))  # fmt: skip
+              "--input-only", "--num-gpus", "1", "--batch", "2", "--image-size", "8", "--warmup-steps", "2",
+              "--steps", "5", "--repeats", "1", "--recv-timeout", "20", "--json", str(tmp_path / "r.json"))  # fmt: skip
     code, _, err = finish(p, 240)
     assert code == 0, err[-2000:]
     assert path in json.loads((tmp_path / "r.json").read_text())["paths"]

@@ -34,20 +34,28 @@ def is_rank(p: psutil.Process) -> bool:
     return "-m harness.torch.run" in line
 
 
-def wait_for(pid: int, what: str, n: int, timeout: float = 240) -> list[psutil.Process]:
-    """The run's processes whose command line holds `what`, once there are n of them."""
+def is_producer(p: psutil.Process) -> bool:
+    """A producer a rank started (its workers, forked from it, carry the same command line)."""
+    try:
+        return "-m producers" in cmdline(p) and is_rank(p.parent() or p)
+    except psutil.Error:
+        return False
+
+
+def wait_for_producers(pid: int, n: int, timeout: float = 240) -> list[psutil.Process]:
+    """The producers the run's ranks started, once there are n of them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = [p for p in descendants(pid) if what in cmdline(p)]
+        found = [p for p in descendants(pid) if is_producer(p)]
         if len(found) >= n:
             return found
         time.sleep(0.1)
-    raise AssertionError(f"{n} processes with {what!r} did not start")
+    raise AssertionError(f"{n} producers did not start")
 
 
 def wait_until_steps(pid: int) -> None:
     """The run's producers are up (two, one per rank) and the producer path has started its steps."""
-    wait_for(pid, "-m producers", 2)
+    wait_for_producers(pid, 2)
     time.sleep(1.0)  # into the steps: the producers' workers are sending
 
 
@@ -107,11 +115,10 @@ def test_a_killed_producer_ends_the_run_with_one_line_naming_the_path_and_endpoi
     """The rank waiting for that producer's batches notices at once, not after the 120 s receive timeout."""
     tmp, env = tmpdir_env
     run = procs.start("bench_input.py", *LONG, "--fake-location", path, env=env)
-    producers = wait_for(run.pid, "-m producers", 2)
+    producers = wait_for_producers(run.pid, 2)
     time.sleep(1.0)
     everything = descendants(run.pid)
-    top = [p for p in producers if is_rank(p.parent() or p)]
-    top[0].kill()
+    producers[0].kill()
     out, err = run.communicate(timeout=120)
     assert run.returncode == 2, err
     line = _one_error_line(err)

@@ -161,7 +161,7 @@ def test_silent_endpoint_stops_every_rank_with_one_line_and_no_json(procs, ipc_d
     endpoint = f"ipc://{ipc_dir}/ext"
     p = procs.start(
         "bench_input.py", "--framework", "torch", "--fake-location", "python-queue", "--endpoint", endpoint,
-        "--recv-timeout", "2", *SMALL, "--json", str(out_json),
+        "--recv-timeout", "2", "--input-only", *SMALL, "--json", str(out_json),
     )  # fmt: skip
     out, err = p.communicate(timeout=200)
     assert p.returncode == 2, err
