@@ -9,13 +9,13 @@ inside each native header, so the run can name the slow stage.
 from __future__ import annotations
 
 import math
-import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from wire import curve, message, shm
 from wire.endpoints import EndpointError, attach, release
@@ -152,20 +152,12 @@ class _Peers:
 
     def update(self) -> _Peers:
         while self.monitor.poll(0):
-            if _monitor_event(self.monitor) in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+            if recv_monitor_message(self.monitor)["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
                 self.count += 1
             else:
                 self.count -= 1
                 self.left += 1
         return self
-
-
-def _monitor_event(monitor: zmq.Socket) -> int:
-    """The event id of the next monitor message: its first frame starts with it as 16 bits (zmq_socket_monitor).
-
-    Read here rather than with zmq.utils.monitor, which imports asyncio: 0.05 s of CPU at every worker's start.
-    """
-    return struct.unpack_from("=H", monitor.recv_multipart()[0])[0]
 
 
 def _wait_for_consumer_to_leave(peers: _Peers, should_stop: Callable[[], bool], give_up_after: float) -> None:

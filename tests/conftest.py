@@ -102,6 +102,13 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def only_these_hold(endpoint: str, pid: int) -> bool:
+    """Only process `pid` and its own children (a producer's forked workers carry its command line) still name
+    `endpoint` on their command line: nothing of a run that used it is left."""
+    holders = {p.pid for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])}
+    return holders == {pid, *(p.pid for p in descendants(pid))}
+
+
 # ------------------------------------------------ shared memory left behind by this test process's children
 
 

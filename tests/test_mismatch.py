@@ -8,8 +8,8 @@ far longer than the test waits, so only the batch check can end these runs.
 
 from __future__ import annotations
 
-import psutil
 import pytest
+from conftest import only_these_hold
 
 
 def run_cli(procs, *args: str, timeout: float = 200):
@@ -89,8 +89,7 @@ def test_an_unexpected_batch_stops_the_run_with_one_line(procs, ipc_dir, tmp_pat
     assert "no batch" not in line and "Traceback" not in err
     assert not out_json.exists()
     # Nothing of the run is left: only the external producer (not the run's to stop) holds the endpoint.
-    holders = {p.pid for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])}
-    assert holders == {external.pid, *(w.pid for w in psutil.Process(external.pid).children())}  # and its workers
+    assert only_these_hold(endpoint, external.pid)
 
 
 PYTHON_CASES = [c for c in CASES if c[0] != "zmq-consume"]

@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from conftest import descendants
+from conftest import descendants, only_these_hold
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(400)
@@ -42,21 +42,28 @@ def is_producer(p: psutil.Process) -> bool:
         return False
 
 
+def sending(p: psutil.Process) -> bool:
+    """The producer has started its worker, the process that connects and sends."""
+    try:
+        return bool(p.children())
+    except psutil.Error:
+        return False
+
+
 def wait_for_producers(pid: int, n: int, timeout: float = 240) -> list[psutil.Process]:
-    """The producers the run's ranks started, once there are n of them."""
+    """The producers the run's ranks started, once n of them have started their workers."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = [p for p in descendants(pid) if is_producer(p)]
+        found = [p for p in descendants(pid) if is_producer(p) and sending(p)]
         if len(found) >= n:
             return found
         time.sleep(0.1)
-    raise AssertionError(f"{n} producers did not start")
+    raise AssertionError(f"{n} producers did not start their workers")
 
 
 def wait_until_steps(pid: int) -> None:
-    """The run's producers are up (two, one per rank) and the producer path has started its steps."""
+    """The run's producers are up and sending (two, one per rank): the producer path has started."""
     wait_for_producers(pid, 2)
-    time.sleep(1.0)  # into the steps: the producers' workers are sending
 
 
 def run_folders(tmp: str) -> list[str]:
@@ -116,7 +123,6 @@ def test_a_killed_producer_ends_the_run_with_one_line_naming_the_path_and_endpoi
     tmp, env = tmpdir_env
     run = procs.start("bench_input.py", *LONG, "--fake-location", path, env=env)
     producers = wait_for_producers(run.pid, 2)
-    time.sleep(1.0)
     everything = descendants(run.pid)
     producers[0].kill()
     out, err = run.communicate(timeout=120)
@@ -206,8 +212,7 @@ def test_a_producer_of_the_wrong_layout_is_refused_on_every_path(procs, ipc_dir,
         assert w in line, line
     assert "no batch" not in line
     assert not out_json.exists()
-    holders = {p.pid for p in psutil.process_iter(["pid", "cmdline"]) if endpoint in " ".join(p.info["cmdline"] or [])}
-    assert holders == {external.pid, *(w.pid for w in psutil.Process(external.pid).children())}  # and its workers
+    assert only_these_hold(endpoint, external.pid)
 
 
 def refusal(path: str, folder: str) -> str:
