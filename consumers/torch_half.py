@@ -103,11 +103,6 @@ def rank_producer_ids(producers: int, rank: int, world: int) -> list[int]:
     return mine or [1000 * (producers + rank)]
 
 
-def cpu_threads(local_world: int) -> int:
-    """Intra-op threads per rank: the machine's cores shared by the ranks on it."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_world))
-
-
 class ProducerFed(TorchInputPath):
     """A path fed by producer processes: starts this rank's share, and notices one that dies."""
 

@@ -15,3 +15,9 @@ def host_fields() -> dict:
         "python": platform.python_version(),
         "host": socket.gethostname(),
     }
+
+
+def cpu_threads(local_world: int) -> int:
+    """Intra-op threads per rank: the machine's cores shared by the ranks on it (torch-free, so the
+    launching process need not import torch to set OMP_NUM_THREADS)."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_world))

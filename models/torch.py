@@ -98,6 +98,31 @@ class EmulatedDevice(nn.Module):
         time.sleep(max(0.0, self._due - time.perf_counter()))
 
 
+class StandInSGD:
+    """Plain SGD for a stand-in's one scalar (InputOnly, EmulatedDevice), with torch.optim's calls.
+
+    torch.optim's first call imports TorchDynamo, about a second of CPU per rank; a stand-in trains nothing
+    worth it, and a capacity search starts its ranks again for every probe.
+    """
+
+    def __init__(self, params, lr: float) -> None:
+        self.params = list(params)
+        self.lr = lr
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+
+
 _STATS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 

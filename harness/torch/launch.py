@@ -33,8 +33,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from consumers.torch_half import cpu_threads
 from core.errors import ConfigError
+from core.machine import cpu_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_FILE = "result.json"

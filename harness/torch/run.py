@@ -49,14 +49,17 @@ def build(cfg: BenchConfig, device, world: int):
     # Fused on CUDA: one kernel for the update, and GradScaler hands it the scale and the inf check on the
     # device (with an unfused optimizer, GradScaler.step reads found_inf with .item(): a sync every step).
     fused = device.type == "cuda"
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused or None)
+    if cfg.input_only or cfg.model == "emulated":
+        opt = models.StandInSGD(model.parameters(), lr)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused or None)
     if cfg.use_xla_compile:
         model = torch.compile(model)  # --use-xla-compile: PyTorch's compiler; compiling happens in the warm-up
     amp = None
     scaler = None
     if cfg.use_fp16:
         amp = torch.float16 if device.type == "cuda" else torch.bfloat16
-        if amp is torch.float16:
+        if amp is torch.float16 and isinstance(opt, torch.optim.Optimizer):  # a stand-in's scalar needs none
             scaler = torch.amp.GradScaler("cuda")  # float16 needs loss scaling; bfloat16 has float32's range
     return model, opt, scaler, amp
 
@@ -351,7 +354,7 @@ def _join_group(dist):
     """This rank's device, set up for training, and the process group joined (NCCL on GPUs, gloo on CPUs)."""
     import torch
 
-    from consumers.torch_half import cpu_threads
+    from core.machine import cpu_threads
 
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     cuda = torch.cuda.is_available()
