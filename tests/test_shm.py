@@ -245,7 +245,7 @@ def test_sigkill_of_every_process_leaves_nothing_in_dev_shm_or_the_socket_folder
     """Producers (launcher and workers) and the consumer all killed at once, before or after it mapped the regions."""
     name = f"t-{uuid.uuid4().hex[:12]}"
     ep = f"shm://{name}"
-    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(private_dir()))
+    leaks = ShmLeaks(name)  # what this test's processes make; a parallel test's live producers are not ours
     family: list[psutil.Process] = []
     if consumer:
         code = textwrap.dedent(f"""
@@ -273,8 +273,7 @@ def test_sigkill_of_every_process_leaves_nothing_in_dev_shm_or_the_socket_folder
     for q in family:
         q.kill()
     assert not psutil.wait_procs(family, timeout=30)[1]
-    assert set(os.listdir(shm.SHM_DIR)) - shm_before == set()
-    assert set(os.listdir(private_dir())) - folder_before == set()
+    assert leaks.left() == (set(), set())
     deadline = time.monotonic() + 10  # the kernel drops a dead process's sockets as it reaps it
     while time.monotonic() < deadline and (f"{name}.sock" in sockets() or f"{name}.fd" in handover_sockets()):
         time.sleep(0.1)
@@ -713,7 +712,7 @@ def test_a_killed_shm_run_leaves_no_socket_folder_or_region(procs, ipc_dir, sig)
 @pytest.mark.timeout(300)
 def test_a_whole_shm_run_killed_by_sigkill_leaves_nothing_in_dev_shm_or_the_socket_folder(procs, ipc_dir) -> None:
     """`--transport shm`, the trainer and every producer process SIGKILLed at once, regions mapped and in use."""
-    shm_before, folder_before = set(os.listdir(shm.SHM_DIR)), set(os.listdir(private_dir()))
+    leaks = ShmLeaks()  # what this test's processes make; a parallel test's live producers are not ours
     p, _, ours = start_endless_shm_run(procs, Path(ipc_dir), "zmq-consume")
     deadline = time.monotonic() + 240  # the producers' stats come first; their workers map regions after
     family: list[psutil.Process] = []
@@ -726,8 +725,7 @@ def test_a_whole_shm_run_killed_by_sigkill_leaves_nothing_in_dev_shm_or_the_sock
     for q in family:
         q.kill()
     assert not psutil.wait_procs(family, timeout=30)[1]
-    assert set(os.listdir(shm.SHM_DIR)) - shm_before == set()
-    assert set(os.listdir(private_dir())) - folder_before == set()
+    assert leaks.left() == (set(), set())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and set(ours) & sockets():
         time.sleep(0.1)
