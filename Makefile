@@ -8,12 +8,13 @@ BENCH_ARGS ?= --bench --out results
 # The suite runs in two phases. First every test but the `timing` ones, on every core the machine gives it
 # plus one (pytest-xdist): many tests spend their time waiting on processes they started, and the extra
 # worker fills that wait. A test module stays on one worker so its module-wide fixtures (built graphs, a
-# baseline run) are made once. Then the `timing` tests, which compare rates, ratios or CPU shares, one at
-# a time with nothing of the suite beside them (tests/conftest.py skips them under parallel workers and
-# measures one again, a bounded number of times, when the machine's other work spoiled it).
+# baseline run) are made once; the longest modules are handed out first (tests/conftest.py), so no long
+# one is left running alone at the end. Then the `timing` tests, which compare rates, ratios or CPU shares,
+# one at a time with nothing of the suite beside them (tests/conftest.py skips them under parallel workers
+# and measures one again, a bounded number of times, when the machine's other work spoiled it).
 # TEST_ARGS=-n0 runs the first phase serially too.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
-TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadfile --durations=25
+TEST_ARGS ?= -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 TIMING_ARGS ?= -n0 --durations=10
 # Only the modules that hold `timing` tests are collected for the serial phase: collecting the whole suite
 # imports both frameworks for nothing.

@@ -281,10 +281,27 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+# The modules that take longest under `make test`'s parallel workers (seconds of their tests, 2 cores, -n 3),
+# longest first. Handed out first (with --no-loadscope-reorder, as make test runs), they end early and the
+# many short modules fill the workers' last minutes, instead of one long module running on alone at the end.
+LONGEST_MODULES = (
+    "test_loader", "test_tune", "test_hostile", "test_bench_input", "test_capacity_results",
+    "test_torch_reliability", "test_schema", "test_torch_trainer", "test_shm", "test_gpu_kernels",
+    "test_producer_waits", "test_standalone_producer", "test_models", "test_mismatch", "test_cli_failures",
+)  # fmt: skip
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Stable-sort `items` so that LONGEST_MODULES come first, in that order; a module's own order is kept."""
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A `timing` test compares rates or CPU shares: beside other tests' processes it would measure them, not
     the code. Under parallel workers it is skipped (`make test` runs these alone afterwards); alone, each is
     measured again when it fails, a bounded number of times, with the machine's load in the message."""
+    _longest_first(items)
     # An xdist worker has `workerinput` (not an environment variable: a pytest run started by a test inherits
     # those, yet runs alone).
     parallel = getattr(config, "workerinput", {}).get("workercount", 1) > 1

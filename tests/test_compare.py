@@ -19,9 +19,9 @@ pytestmark = pytest.mark.timeout(300)
 RUN = ["--model", "emulated", "--emulate-rate", "500", "--batch", "8", "--image-size", "32", "--num-gpus", "1",
        "--fake-location", "python-queue", "--producers", "1"]  # fmt: skip
 QUICK = [*RUN, "--warmup-steps", "2", "--steps", "5", "--repeats", "3"]
-# 7 windows of 25 steps (0.4 s each) per path, after a warm-up past what the producer queued while the
-# trainer started: intervals of about 96% from the windows, about 13 s a run.
-STEADY = [*RUN, "--warmup-steps", "20", "--steps", "25", "--repeats", "7"]
+# 5 windows of 25 steps (0.4 s each) per path, after a warm-up past what the producer queued while the
+# trainer started: intervals of about 94% from the windows (their least to their most), about 11 s a run.
+STEADY = [*RUN, "--warmup-steps", "20", "--steps", "25", "--repeats", "5"]
 
 
 def bench(procs, *args: str, timeout: float = 240) -> tuple[int, str, str]:
@@ -254,7 +254,7 @@ def test_bench_input_compare_is_refused_before_the_run(procs, result, tmp_path, 
 
 
 def steady(procs, tmp_path: Path, name: str, *extra: str) -> tuple[Path, str]:
-    """A run long enough for honest intervals (7 windows of 25 steps per path): its file and its output."""
+    """A run long enough for honest intervals (5 windows of 25 steps per path): its file and its output."""
     out = tmp_path / f"{name}.json"
     code, stdout, err = bench(procs, *STEADY, *extra, "--json", str(out))
     assert code in (0, 1), err[-2000:]  # 1: --compare found a path slower beyond noise

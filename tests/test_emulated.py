@@ -58,10 +58,12 @@ def test_emulated_baseline_reaches_the_set_rate() -> None:
 @pytest.mark.timing
 def test_capacity_of_a_throttled_producer_is_the_throttle() -> None:
     """Two producers capped at 150 img/s each: the path sustains about 300 img/s while the devices want 500."""
-    cfg = emulated(250.0, paths=[BASELINE, "zmq-consume"], producers=2, producer_rate=150.0)
+    # Three probes: over the throttle, just under what it delivered, and between; then one more try at each
+    # end of the bracket (an interval to check, in half the tries of make bench's).
+    cfg = emulated(250.0, paths=[BASELINE, "zmq-consume"], producers=2, producer_rate=150.0, capacity_probes=3)
     results, _ = find_capacities(
         cfg, lambda c, path: run_path(c, path, has_gpu=False), batch_given=False, log=lambda s: None, confirm=1
-    )  # one more try at each end of the bracket: an interval to check, in half the probes of make bench's
+    )
     cap = results["zmq-consume"]["capacity"]
     assert cap["images_per_sec"] == pytest.approx(300.0, rel=0.10), cap["probes"]
     lo, hi = cap["interval"]
