@@ -386,10 +386,9 @@ def config_from(args, paths: dict):
 
 
 def validate(cfg, framework: str) -> None:
-    """Every check that needs no device (ConfigError): producer flags, each chosen path's declared checks, the
-    endpoint; then, with the framework's classes loaded, what a path's half of that framework adds."""
+    """Every check that needs no device (ConfigError): producer flags, each chosen path's declared checks (with
+    what its half of `framework` needs, checked without importing the framework), the endpoint."""
     from consumers.declared import check_declared
-    from core import registry
     from core.errors import ConfigError
     from runner.producer_group import check_producer_flags
     from wire.endpoints import EndpointError, check, check_reachable
@@ -406,16 +405,13 @@ def validate(cfg, framework: str) -> None:
             raise ConfigError(str(e)) from None
         if cfg.input_only:
             raise ConfigError("--input-only and --model emulated: choose one (input-only has no device step)")
-    check_declared(cfg)
+    check_declared(cfg, framework)
     if cfg.endpoint:
         try:
             check(cfg.endpoint, bind=True, allow_remote=cfg.allow_remote, secured=bool(cfg.curve_keys))
             check_reachable(cfg.endpoint)  # the external producer is another process
         except EndpointError as e:
             raise ConfigError(str(e)) from None
-    paths = registry.load(framework)
-    for name in cfg.paths:
-        paths[name].validate(cfg)
 
 
 def _main(argv: list[str]) -> int:

@@ -61,10 +61,21 @@ def declared(framework: str) -> dict[str, DeclaredPath]:
     return dict(sorted(paths.items(), key=lambda kv: (kv[1].order, kv[0])))
 
 
-def check_declared(cfg) -> None:
-    """Each chosen path's declared checks (those both halves share), before any framework loads (ConfigError)."""
+def needs_producers(framework: str, name: str) -> bool:
+    """Whether path `name` of `framework` is fed by producers, from its declaration (no framework imported)."""
+    for d in declarations():
+        if d.name == name:
+            return d.needs_producers
+    return registry.registered(framework)[name].needs_producers
+
+
+def check_declared(cfg, framework: str) -> None:
+    """Each chosen path's checks, before any framework loads (ConfigError): its declaration's, shared and
+    `framework`'s own; a path registered in this process without a declaration checks itself."""
     by_name = {d.name: d for d in declarations()}
     for name in cfg.paths:
         d = by_name.get(name)
-        if d is not None and d.validate is not None:
-            d.validate(cfg)
+        if d is not None:
+            d.check(cfg, framework)
+        elif name in registry.registered(framework):
+            registry.registered(framework)[name].validate(cfg)

@@ -71,6 +71,11 @@ def hidden_by_env() -> str | None:
     return None
 
 
+def libcuda_loads() -> bool:
+    """The NVIDIA driver's user-space library loads: without it no framework can see a GPU here."""
+    return _libcuda_error() is None
+
+
 def _libcuda_error() -> str | None:
     try:
         ctypes.CDLL("libcuda.so.1")

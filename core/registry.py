@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from core.errors import ConfigError
@@ -51,7 +51,9 @@ class Declaration:
     Each framework's half (`consumers/<path>/tf.py`, `consumers/<path>/torch.py`) names it
     as its `declaration` and takes every field from it, so the CLI's choices and
     help, the report and the verdict's advice read one place. `validate` holds
-    the flag checks both halves share; a half adds only what its framework needs.
+    the flag checks both halves share; `checks` what one framework's half needs
+    beyond them (its plugin installed, its native code built). Both run before
+    the framework is imported: a PyTorch run's own process never imports torch.
     """
 
     name: str
@@ -64,7 +66,16 @@ class Declaration:
     delivers_words: Words | None = None
     host_cpu_advice: Words | None = None
     validate: Callable[[Any], None] | None = None
+    checks: Mapping[str, Callable[[Any], None]] = field(default_factory=dict)  # framework -> its own check
     frameworks: tuple[str, ...] = ("tf", "torch")  # the trainers with a half of this path
+
+    def check(self, cfg: Any, framework: str) -> None:
+        """The shared checks, then `framework`'s own (raise ConfigError)."""
+        if self.validate is not None:
+            self.validate(cfg)
+        own = self.checks.get(framework)
+        if own is not None:
+            own(cfg)
 
     def words(self, field: str, framework: str) -> Any:
         """The field's value for `framework` (None: the InputPath default stands)."""
@@ -104,10 +115,10 @@ class InputPath:
         d = cls.__dict__.get("declaration")
         if d is None:
             return
-        for field in IDENTITY:
-            value = d.words(field, cls.framework)
+        for name in IDENTITY:
+            value = d.words(name, cls.framework)
             if value is not None:
-                setattr(cls, field, value)
+                setattr(cls, name, value)
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -116,10 +127,10 @@ class InputPath:
     def validate(cls, cfg: Any) -> None:
         """Refuse flags this path cannot work with, before anything starts (raise ConfigError).
 
-        The declaration's checks, shared by both halves; a half that checks more calls this first.
+        The declaration's checks: those both halves share, then this framework's own.
         """
-        if cls.declaration is not None and cls.declaration.validate is not None:
-            cls.declaration.validate(cfg)
+        if cls.declaration is not None:
+            cls.declaration.check(cfg, cls.framework)
 
     # --- the stage contract: raw state only; profiler.telemetry.stage_figures computes every figure ----------
     def counters(self, session: Any = None) -> dict | None:
@@ -214,19 +225,20 @@ def get(framework: str, name: str) -> type[InputPath]:
 
 
 def names(framework: str) -> list[str]:
-    """Every path of `framework`, in table order."""
-    return list(load(framework))
+    """Every path of `framework`, in table order, from the declarations (the framework is not imported)."""
+    return list(importlib.import_module(HALVES).declared(framework))
 
 
 def default_run(framework: str) -> list[str]:
     """The paths a run compares when no --fake-location picks one (`in_default_run`), in table order."""
-    return [n for n, c in load(framework).items() if c.in_default_run]
+    return [n for n, d in importlib.import_module(HALVES).declared(framework).items() if d.in_default_run]
 
 
 def batch_maker_line(cfg: Any, framework: str) -> str | None:
     """The run's line saying who feeds its producer-fed paths (None when no chosen path takes producers)."""
-    paths = load(framework)
-    if not any(paths[n].needs_producers for n in cfg.paths if n in paths):
+    declared = importlib.import_module(HALVES)
+    known = declared.declared(framework)
+    if not any(declared.needs_producers(framework, n) for n in cfg.paths if n in known):
         return None
     f = batch_maker_of(cfg)
     if f["kind"] == "external":

@@ -4,12 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.errors import ConfigError
 from core.registry import Declaration, needs_data
+
+TF_PLUGIN_INSTALL = (
+    "pip install -e '.[dali]' (nvidia-dali-cuda120 and nvidia-dali-tf-plugin-cuda120, built with --no-build-isolation)"
+)
 
 
 def validate(cfg: Any) -> None:
-    """A JPEG folder to decode; each half checks its own DALI plugin."""
+    """A JPEG folder to decode; each half's own check finds its DALI plugin."""
     needs_data(cfg, "dali")
+
+
+def tf_plugin(cfg: Any) -> None:
+    """DALI's TensorFlow plugin is installed (ConfigError naming how to install it)."""
+    try:
+        import nvidia.dali.plugin.tf  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"--fake-location dali: DALI's TensorFlow plugin is not installed; {TF_PLUGIN_INSTALL}"
+        ) from None
+
+
+def torch_plugin(cfg: Any) -> None:
+    """DALI's PyTorch plugin imports (ConfigError with the import's own words)."""
+    try:
+        import nvidia.dali.plugin.pytorch  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"--fake-location dali: DALI's PyTorch plugin is not importable ({e})") from None
 
 
 PATH = Declaration(
@@ -25,4 +48,5 @@ PATH = Declaration(
         "torch": "more DALI threads (--dali-threads), or decode on the GPU",
     },
     validate=validate,
+    checks={"tf": tf_plugin, "torch": torch_plugin},
 )

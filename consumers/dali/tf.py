@@ -18,36 +18,17 @@ from tensorpack.tfutils.tower import get_current_tower_context
 
 from consumers.dali.path import PATH
 from consumers.tf_half import TFInputPath
-from core.errors import ConfigError
 from core.registry import register
 from feeders.tf import Staging, tower_device
 from frameworks.tf_env import import_tf
 
 tf = import_tf()
 
-INSTALL_HINT = (
-    "pip install -e '.[dali]' (nvidia-dali-cuda120 and nvidia-dali-tf-plugin-cuda120, built with --no-build-isolation)"
-)
-
-
-def plugin_available() -> bool:
-    try:
-        import nvidia.dali.plugin.tf  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
 
 @register
 class InProcessDali(TFInputPath):
     declaration = PATH
     input_op_types = frozenset({"IteratorGetNext"})
-
-    @classmethod
-    def validate(cls, cfg) -> None:
-        super().validate(cfg)  # --data
-        if not plugin_available():
-            raise ConfigError(f"--fake-location dali: DALI's TensorFlow plugin is not installed; {INSTALL_HINT}")
 
     def build(self, specs: list, has_gpu: bool) -> InputSource:
         # Decoded on the GPU, each tower's batch is already on its device: nothing to stage.

@@ -11,8 +11,6 @@ side stream like the other paths. The result says where decoding ran.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from consumers.dali.path import PATH
@@ -27,14 +25,6 @@ from profiler.telemetry import DescribedStage
 @register
 class InProcessDali(TorchInputPath):
     declaration = PATH
-
-    @classmethod
-    def validate(cls, cfg: Any) -> None:
-        super().validate(cfg)  # --data
-        try:
-            import nvidia.dali.plugin.pytorch  # noqa: F401
-        except ImportError as e:
-            raise ConfigError(f"--fake-location dali: DALI's PyTorch plugin is not importable ({e})") from None
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from consumers.spdl.path import PATH
 from consumers.torch_half import RankContext, TorchInputPath, labels_of
-from core.errors import ConfigError
 from core.registry import register
 from feeders.torch import Prefetcher
 from frameworks.torch_trace import stage
@@ -31,14 +29,6 @@ from profiler.telemetry import DescribedStage
 @register
 class Spdl(TorchInputPath):
     declaration = PATH
-
-    @classmethod
-    def validate(cls, cfg: Any) -> None:
-        super().validate(cfg)  # --data
-        try:
-            import spdl.pipeline  # noqa: F401
-        except ImportError as e:
-            raise ConfigError(f"--fake-location spdl: SPDL is not installed ({e}); pip install spdl") from None
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)

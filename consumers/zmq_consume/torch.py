@@ -11,14 +11,13 @@ Without a GPU the slot itself is the step's input (no copy at all).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
 from consumers.accounting import native_rows
 from consumers.torch_half import ProducerFed, RankContext, labels_of
-from consumers.zmq_consume.path import PATH
-from core.errors import ConfigError, InputError
+from consumers.zmq_consume.path import PATH, receiver_module
+from core.errors import InputError
 from core.registry import register
 from feeders.cuda_slots import cuda_host_register
 from feeders.torch import to_device
@@ -29,14 +28,6 @@ POLL_S = 0.2  # the step checks the producers this often while it waits for a ba
 SLOTS = 4  # pinned buffers in the ring: one the step uses, one being copied, the rest filled ahead
 
 
-def _receiver_module():
-    try:
-        from zmq_ops import receiver
-    except ImportError as e:
-        raise ConfigError(f"--fake-location zmq-consume: the native receiver is not available ({e})") from None
-    return receiver
-
-
 @register
 class ZmqConsume(ProducerFed):
     declaration = PATH
@@ -45,20 +36,12 @@ class ZmqConsume(ProducerFed):
     regions = None  # zero copy on a GPU: the CUDA registration hook, and its report
     zero_copy = False  # over shm://: tensors over the producers' slots (no copy off the wire)
 
-    @classmethod
-    def validate(cls, cfg: Any) -> None:
-        rx = _receiver_module()
-        try:
-            rx.library()  # built here, once, if missing or stale: before the ranks start
-        except Exception as e:
-            raise ConfigError(f"--fake-location zmq-consume: the native receiver does not build: {e}") from None
-
     def endpoints(self, ctx: RankContext) -> list[str]:
         return [ctx.endpoint(self.cfg, self.name)]
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)
-        rx = _receiver_module()
+        rx = receiver_module()
         cfg = self.cfg
         self.cuda = ctx.device.type == "cuda"
         b, s = cfg.batch, cfg.image_size

@@ -10,11 +10,15 @@ combines every rank's figures into one result per path).
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import re
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
+from core.gpus import libcuda_loads, nvidia_gpus
 from core.machine import host_fields
 from harness.torch.gpu_visibility import unseen_gpu_problem
 from harness.torch.launch import Nodes
@@ -32,15 +36,22 @@ class TorchTrainer:
     framework = "torch"
 
     def __init__(self, nodes: Nodes) -> None:
-        import torch
-
         nodes.check()
         self.nodes = nodes
-        self.torch = torch
-        self.words = f"PyTorch {torch.__version__}"
+        self.words = f"PyTorch {installed_version()}"
         self._device: dict | None = None  # rank 0's description of the machine, from the last launch
 
+    @property
+    def torch(self) -> Any:
+        """torch, imported on first use: a run on a machine without an NVIDIA driver never imports it here
+        (the ranks do), which spares each launch about a second of CPU."""
+        import torch
+
+        return torch
+
     def gpu_count(self) -> int:
+        if not nvidia_gpus() and not libcuda_loads():
+            return 0  # no NVIDIA driver here: torch could see no GPU, and a CPU run need not import it
         gpus = self.torch.cuda.device_count()
         problem = unseen_gpu_problem(self.torch)
         if problem:  # never a silent run on the host of a GPU machine
@@ -90,6 +101,16 @@ class TorchTrainer:
         return how_to_open(profile_dir)
 
 
+def installed_version() -> str:
+    """torch.__version__ (with its build, e.g. 2.14.1+cu130), read from torch/version.py without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("--framework torch: PyTorch is not installed (run `make install`)")
+    text = (Path(spec.submodule_search_locations[0]) / "version.py").read_text()
+    found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return found.group(1) if found else "(version unknown)"
+
+
 def describe_machine(torch_mod, bandwidth: bool = False) -> dict:
     """The machine, for the report; `bandwidth`: also the pinned and pageable copy bandwidth to GPU 0 (2 s)."""
     gpus = [torch_mod.cuda.get_device_name(i) for i in range(torch_mod.cuda.device_count())]
@@ -125,10 +146,10 @@ def check_memory(cfg: BenchConfig, gpus: int) -> None:
     """Refuse, with the figure, a run whose ranks cannot fit in this machine's memory or its GPUs' (ConfigError)."""
     import psutil
 
-    from core import registry
+    from consumers.declared import needs_producers
     from runner import memory
 
-    fed = not cfg.endpoint and any(registry.get("torch", p).needs_producers for p in cfg.paths)
+    fed = not cfg.endpoint and any(needs_producers("torch", p) for p in cfg.paths)
     est = memory.estimate(
         cfg.batch, cfg.image_size, cfg.num_gpus, gpus,
         stand_in=cfg.input_only or cfg.model == "emulated", half=cfg.use_fp16,
