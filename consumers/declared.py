@@ -27,6 +27,7 @@ class DeclaredPath:
     summary: str
     order: int
     in_default_run: bool
+    needs_producers: bool
 
 
 def declarations() -> list[registry.Declaration]:
@@ -52,30 +53,23 @@ def import_halves(framework: str) -> None:
 def declared(framework: str) -> dict[str, DeclaredPath]:
     """{name: its identity} for `framework`, in table order (the order registry.load gives its classes)."""
     paths = {
-        d.name: DeclaredPath(d.name, d.words("summary", framework), d.order, d.in_default_run)
+        d.name: DeclaredPath(d.name, d.words("summary", framework), d.order, d.in_default_run, d.needs_producers)
         for d in declarations()
         if framework in d.frameworks
     }
     for name, cls in registry.registered(framework).items():
-        paths[name] = DeclaredPath(name, cls.summary, cls.order, cls.in_default_run)
+        paths[name] = DeclaredPath(name, cls.summary, cls.order, cls.in_default_run, cls.needs_producers)
     return dict(sorted(paths.items(), key=lambda kv: (kv[1].order, kv[0])))
-
-
-def needs_producers(framework: str, name: str) -> bool:
-    """Whether path `name` of `framework` is fed by producers, from its declaration (no framework imported)."""
-    for d in declarations():
-        if d.name == name:
-            return d.needs_producers
-    return registry.registered(framework)[name].needs_producers
 
 
 def check_declared(cfg, framework: str) -> None:
     """Each chosen path's checks, before any framework loads (ConfigError): its declaration's, shared and
     `framework`'s own; a path registered in this process without a declaration checks itself."""
     by_name = {d.name: d for d in declarations()}
+    registered = registry.registered(framework)
     for name in cfg.paths:
         d = by_name.get(name)
         if d is not None:
             d.check(cfg, framework)
-        elif name in registry.registered(framework):
-            registry.registered(framework)[name].validate(cfg)
+        elif name in registered:
+            registered[name].validate(cfg)

@@ -77,6 +77,11 @@ class BenchConfig:
         0  # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py)
     )
 
+    @property
+    def stand_in(self) -> bool:
+        """No ResNet-50 to train: --input-only's scalar or an emulated device stands in for the model."""
+        return self.input_only or self.model == "emulated"
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["shrunk"] = {k: list(v) for k, v in self.shrunk.items()}

@@ -236,9 +236,8 @@ def default_run(framework: str) -> list[str]:
 
 def batch_maker_line(cfg: Any, framework: str) -> str | None:
     """The run's line saying who feeds its producer-fed paths (None when no chosen path takes producers)."""
-    declared = importlib.import_module(HALVES)
-    known = declared.declared(framework)
-    if not any(declared.needs_producers(framework, n) for n in cfg.paths if n in known):
+    known = importlib.import_module(HALVES).declared(framework)
+    if not any(known[n].needs_producers for n in cfg.paths if n in known):
         return None
     f = batch_maker_of(cfg)
     if f["kind"] == "external":

@@ -146,13 +146,14 @@ def check_memory(cfg: BenchConfig, gpus: int) -> None:
     """Refuse, with the figure, a run whose ranks cannot fit in this machine's memory or its GPUs' (ConfigError)."""
     import psutil
 
-    from consumers.declared import needs_producers
+    from consumers.declared import declared
     from runner import memory
 
-    fed = not cfg.endpoint and any(needs_producers("torch", p) for p in cfg.paths)
+    known = declared("torch")
+    fed = not cfg.endpoint and any(known[p].needs_producers for p in cfg.paths if p in known)
     est = memory.estimate(
         cfg.batch, cfg.image_size, cfg.num_gpus, gpus,
-        stand_in=cfg.input_only or cfg.model == "emulated", half=cfg.use_fp16,
+        stand_in=cfg.stand_in, half=cfg.use_fp16,
         producers=cfg.producers if fed else 0, producer_workers=cfg.producer_workers, hwm=cfg.hwm,
     )  # fmt: skip
     device = None

@@ -49,7 +49,7 @@ def build(cfg: BenchConfig, device, world: int):
     # Fused on CUDA: one kernel for the update, and GradScaler hands it the scale and the inf check on the
     # device (with an unfused optimizer, GradScaler.step reads found_inf with .item(): a sync every step).
     fused = device.type == "cuda"
-    if cfg.input_only or cfg.model == "emulated":
+    if cfg.stand_in:
         opt = models.StandInSGD(model.parameters(), lr)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused or None)
@@ -59,7 +59,7 @@ def build(cfg: BenchConfig, device, world: int):
     scaler = None
     if cfg.use_fp16:
         amp = torch.float16 if device.type == "cuda" else torch.bfloat16
-        if amp is torch.float16 and isinstance(opt, torch.optim.Optimizer):  # a stand-in's scalar needs none
+        if amp is torch.float16 and not cfg.stand_in:  # a stand-in's scalar needs no loss scaling
             scaler = torch.amp.GradScaler("cuda")  # float16 needs loss scaling; bfloat16 has float32's range
     return model, opt, scaler, amp
 
@@ -128,8 +128,7 @@ def _stepper(cfg: BenchConfig, ctx, model, opt, scaler, amp):
         """Forward, backward and the optimizer's step on one normalized batch; the loss."""
         with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
             out = model(x)
-        stand_in = cfg.input_only or cfg.model == "emulated"  # no classifier: a scalar to train
-        loss = out.float().mean() if stand_in else F.cross_entropy(out.float(), labels)
+        loss = out.float().mean() if cfg.stand_in else F.cross_entropy(out.float(), labels)
         opt.zero_grad(set_to_none=not bucket_views)
         if scaler is not None:
             scaler.scale(loss).backward()
