@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection, wait
 
 from tqdm import tqdm
 
+from core import loader_start
 from core.atomic import atomic_write
 from core.errors import FeedbenchError
 from producers import parent, sender
@@ -44,6 +45,7 @@ def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: 
     # Ctrl-C reaches the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    loader_start.in_child()  # a copied worker: TMPDIR found again, SIGTERM unblocked
 
     def should_stop() -> bool:
         return bool(stopped) or stop.value != 0 or os.getppid() != producer
@@ -109,9 +111,10 @@ def launch(
     if cfg.bind and workers > 1:
         # N workers cannot bind one endpoint; let the consumer bind and the workers connect.
         raise ValueError("--bind takes one worker; with several, let the consumer bind and the workers connect")
-    # A source builds its batches in each worker. One that may hold threads or a device (a user's loader,
-    # DALI, a decoder) starts its workers fresh ("spawn"); one that says `start_method = "fork"` is copied
-    # from this process, which has started no thread yet: no second import, no resource tracker.
+    # A source builds its batches in each worker. One that may hold threads or a device (DALI, a decoder)
+    # starts its workers fresh ("spawn"); one whose `start_method` says "fork" is copied from this process,
+    # which has started no thread yet: no second import, no resource tracker (a user's loader: where
+    # core/loader_start.py finds that safe).
     ctx = mp.get_context(getattr(source, "start_method", "spawn"))
     shared = ctx.RawArray("d", workers * len(Counters.FIELDS))
     stop = ctx.RawValue("b", 0)  # lock-free: no semaphore to leave behind

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core import loader_start
 from core.cli_types import positive_float, positive_int
 from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches, worker_seed
 from producers.options import add_send_args, run_producer
@@ -46,6 +47,11 @@ class LoaderSource:
             num_workers=self.workers,
             timeout=self.timeout,
         )
+
+    @property
+    def start_method(self) -> str:
+        """The workers are copies of this process where that is safe (core/loader_start.py), else spawned."""
+        return loader_start.start_method()
 
     def describe(self) -> str:
         return f"loader {self.spec.name}"

@@ -21,13 +21,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+from core import loader_start
 from core.loader_spec import WORKER_LOG_ENV, Batcher, LoaderError, LoaderSpec, guarded, made, passes, stop_children
 from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
@@ -119,12 +119,12 @@ def _epoch_process(
 
 def run_once(opts: Options, epochs: int, persistent: bool | None, folder: str, progress=None) -> dict:
     """One fresh process through `epochs` passes: {"loader": info, "passes": [...], "workers": [...]}."""
-    spawn = mp.get_context("spawn")
+    ctx = loader_start.context()
     shutdown.start_resource_tracker()
-    stop = spawn.RawValue("b", 0)
+    stop = ctx.RawValue("b", 0)
     log = os.path.join(folder, f"workers-{persistent}.log")
-    reader, writer = spawn.Pipe(duplex=False)
-    proc = spawn.Process(
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
         target=_epoch_process, args=(opts, epochs, persistent, writer, stop, os.getpid(), log), daemon=True
     )
     procs, readers = [proc], [reader]

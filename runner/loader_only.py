@@ -1,6 +1,7 @@
 """`bench_input.py --loader M:F --loader-only`: the user's loader alone, at 1, 2, ... workers, no trainer.
 
-Each point starts fresh worker processes, each with its own copy of the
+Each point starts new worker processes (copies of this one where that is
+safe, core/loader_start.py), each making its own copy of the
 loader and its own shard of the seed (as the `loader` producer runs it),
 waits until every worker has yielded its warm-up batches, then lets them run
 for a window. Each worker counts the images of the batches it finished after
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -25,9 +25,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
 
 import psutil
 
+from core import loader_start
 from core.errors import ConfigError, FeedbenchError
 from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches, worker_seed
 from producers import parent
@@ -76,6 +78,7 @@ def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
     parent.die_with_parent(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    loader_start.in_child()
     try:
         body()
     except FeedbenchError as e:
@@ -144,12 +147,12 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
 
     `timeline`: counts the point's images (after the earlier points') and gets its window, named `label`.
     """
-    spawn = mp.get_context("spawn")
+    ctx = loader_start.context()
     shutdown.start_resource_tracker()
-    shared = spawn.RawArray("d", workers * _FIELDS)
+    shared = ctx.RawArray("d", workers * _FIELDS)
     if timeline is not None:
         _count_into(timeline, shared, workers)
-    go, stop = spawn.RawValue("b", 0), spawn.RawValue("b", 0)
+    go, stop = ctx.RawValue("b", 0), ctx.RawValue("b", 0)
     procs, readers = [], []
 
     def stop_all() -> None:
@@ -157,7 +160,7 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
 
     shutdown.register(stop_all)  # Ctrl-C or SIGTERM: the workers stop their loaders (DataLoader workers too)
     try:
-        _start_workers(opts, workers, (shared, go, stop), procs, readers)
+        _start_workers(ctx, opts, workers, (shared, go, stop), procs, readers)
 
         def check() -> None:
             _check_workers(opts, procs, readers)
@@ -210,13 +213,15 @@ def stop_trees(procs: list, readers: list[Connection], stop) -> None:
             k.kill()
 
 
-def _start_workers(opts: Options, workers: int, flags: tuple, procs: list, readers: list[Connection]) -> None:
-    """`workers` fresh processes, each with its copy of the loader; `flags`: (shared counts, go, stop)."""
-    spawn = mp.get_context("spawn")
+def _start_workers(
+    ctx: BaseContext, opts: Options, workers: int, flags: tuple, procs: list, readers: list[Connection]
+) -> None:
+    """`workers` new processes (core/loader_start.py), each making its own copy of the loader;
+    `flags`: (shared counts, go, stop)."""
     shared, go, stop = flags
     for i in range(workers):
-        reader, writer = spawn.Pipe(duplex=False)
-        p = spawn.Process(target=_worker, args=(opts, i, workers, shared, go, stop, writer, os.getpid()), daemon=True)
+        reader, writer = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_worker, args=(opts, i, workers, shared, go, stop, writer, os.getpid()), daemon=True)
         p.start()
         writer.close()
         procs.append(p)
@@ -329,7 +334,7 @@ def private_tmpdir() -> Iterator[str]:
     def remove() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
-    os.environ["TMPDIR"] = folder  # spawned workers read it when they start
+    os.environ["TMPDIR"] = folder  # the workers read it when they start (core/loader_start.py)
     shutdown.register(remove)
     try:
         yield folder

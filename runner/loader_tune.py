@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing as mp
 import os
 from multiprocessing.connection import Connection
 
-from core import loader_settings
+from core import loader_settings, loader_start
 from core.errors import ConfigError
 from core.gpus import nvidia_gpus
 from core.loader_spec import LoaderSpec, kind_of
@@ -63,10 +62,10 @@ def _probe_process(opts: Options, status: Connection, first_id: int) -> None:
 def probe(opts: Options) -> dict:
     """What the loader is (kind, class, its DataLoader's arguments or its callable's settings), from a fresh
     process, as every measured setting makes it."""
-    spawn = mp.get_context("spawn")
-    reader, writer = spawn.Pipe(duplex=False)
-    proc = spawn.Process(target=_probe_process, args=(opts, writer, os.getpid()), daemon=True)
-    stop = spawn.RawValue("b", 0)
+    ctx = loader_start.context()
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_probe_process, args=(opts, writer, os.getpid()), daemon=True)
+    stop = ctx.RawValue("b", 0)
 
     def stop_all() -> None:
         stop_trees([proc], [reader], stop)

@@ -16,6 +16,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from core.loader_start import SIGNAL_WATCHER
+
 SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _cleanups: list[Callable[[], None]] = []
 _lock = threading.Lock()
@@ -86,7 +88,7 @@ def install(announce: bool = True) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
-    threading.Thread(target=_watch, name="feedbench-shutdown", daemon=True).start()
+    threading.Thread(target=_watch, name=SIGNAL_WATCHER, daemon=True).start()
 
 
 def start_resource_tracker() -> None:
