@@ -7,8 +7,9 @@ on a small machine, and not what the user's training loop pays. Forked, they sta
 already made; each still calls the loader's callable itself, so nothing of the loader is shared.
 
 Forking is safe only while this process holds no thread that a copy would lose mid-way (a Python thread
-such as the timeline's sampler; the signal watcher, which only waits, is none), no framework that keeps threads or a device once loaded
-(TensorFlow, JAX, DALI, OpenCV's pool), and no CUDA context: then the workers are spawned, as before.
+such as the timeline's sampler; the signal watcher, which only waits, is none), no framework that keeps
+threads or a device once loaded (TensorFlow, JAX, DALI, OpenCV's pool) and no CUDA context; otherwise the
+workers are spawned, as before.
 """
 
 from __future__ import annotations
