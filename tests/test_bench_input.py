@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import socket
 from collections.abc import Iterator
 
 import numpy as np
@@ -100,6 +102,18 @@ def test_endpoint_that_never_sends_fails_naming_it(ipc_dir):
     cfg = small(num_gpus=1, input_only=True, endpoint=endpoint, recv_timeout=2)
     with pytest.raises(InputError, match="silent"):
         run_path(cfg, "python-queue", False)
+
+
+@pytest.mark.parametrize("path", ["python-queue", "zmq-consume"])
+def test_an_endpoint_taken_after_the_runs_check_is_one_error_naming_path_and_endpoint(path):
+    """Another process binds the port between bench_input.py's up-front check and the path's start."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        endpoint = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        words = rf"^{path}: (endpoint ')?{re.escape(endpoint)}'?: cannot bind: [Aa]ddress already in use$"
+        with pytest.raises(InputError, match=words):
+            run_path(small(num_gpus=1, input_only=True, endpoint=endpoint, recv_timeout=2), path, False)
 
 
 # The command line, in real processes.

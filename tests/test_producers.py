@@ -13,9 +13,20 @@ import pytest
 from conftest import descendants
 
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
-from wire.endpoints import free_tcp_port
+from wire.endpoints import EPHEMERAL_RANGE, free_tcp_port
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_free_tcp_port_is_below_the_ephemeral_range_and_can_be_bound():
+    """Outgoing connections take ports from the ephemeral range: one below it is not taken from under a test."""
+    with open(EPHEMERAL_RANGE) as f:
+        low = int(f.read().split()[0])
+    ports = {free_tcp_port() for _ in range(20)}
+    assert all(10_000 <= port < low for port in ports), (low, ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 @pytest.mark.parametrize("fmt", ["native", "zmq_ops"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import random
 import socket
 import stat
 import sys
@@ -170,8 +171,28 @@ def check_reachable(endpoint: str) -> str:
     return endpoint
 
 
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_tcp_port() -> int:
-    """A TCP port on loopback that is free right now (for tests and local runs)."""
-    with socket.socket() as s:
+    """A TCP port on loopback that is free right now (for tests and local runs).
+
+    Taken below the kernel's ephemeral range where there is room: a port from that range may be given to
+    any outgoing connection (another process's client socket) before this one is bound, and the bind
+    then fails with "address already in use".
+    """
+    try:
+        with open(EPHEMERAL_RANGE) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for port in random.sample(range(10_000, low), min(64, max(0, low - 10_000))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -40,7 +40,7 @@ from profiler.progress import RunProgress
 from profiler.telemetry import add_common_fields
 from runner import shutdown
 from runner.producer_group import ProducerDied, ProducerGroup, RunDir, start_producers
-from wire.endpoints import release
+from wire.endpoints import EndpointError, release
 
 tf = import_tf()
 
@@ -350,7 +350,10 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             if run_dir is not None:
                 run_dir.make()
             opened = time.perf_counter()  # the path's start, for its time to the first batch
-            built.path.open()
+            try:
+                built.path.open()
+            except EndpointError as e:  # taken since the run's check (another process bound it meanwhile)
+                raise InputError(f"{path}: {e}") from None
             if built.path.needs_producers:
                 group = built.path.producers = start_producers(cfg, built.path.endpoint, run_dir and run_dir.name)
                 if group is not None:  # a feeding thread waiting for a batch stops waiting when one fails
