@@ -7,12 +7,14 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -312,3 +314,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"compares rates: runs only alone ({SERIAL_PHASE})"))
         else:
             item.obj = _measured_alone(item.obj, item.name)
+
+
+@contextmanager
+def taken_port() -> Iterator[int]:
+    """A loopback TCP port this test process has bound and listens on: what another process's bind meets."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]

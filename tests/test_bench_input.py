@@ -6,13 +6,12 @@ import json
 import math
 import os
 import re
-import socket
 from collections.abc import Iterator
 
 import numpy as np
 import psutil
 import pytest
-from conftest import ROOT, Procs
+from conftest import ROOT, Procs, taken_port
 from tensorpack.callbacks import Callback
 
 from core import registry
@@ -107,10 +106,8 @@ def test_endpoint_that_never_sends_fails_naming_it(ipc_dir):
 @pytest.mark.parametrize("path", ["python-queue", "zmq-consume"])
 def test_an_endpoint_taken_after_the_runs_check_is_one_error_naming_path_and_endpoint(path):
     """Another process binds the port between bench_input.py's up-front check and the path's start."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        endpoint = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+    with taken_port() as port:
+        endpoint = f"tcp://127.0.0.1:{port}"
         words = rf"^{path}: (endpoint ')?{re.escape(endpoint)}'?: cannot bind: [Aa]ddress already in use$"
         with pytest.raises(InputError, match=words):
             run_path(small(num_gpus=1, input_only=True, endpoint=endpoint, recv_timeout=2), path, False)

@@ -18,7 +18,8 @@ import psutil
 import pytest
 from listening import only_loopback, wait_listening
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, taken_port
+from wire.endpoints import free_tcp_port
 
 pytestmark = pytest.mark.timeout(300)
 TINY = ["--input-only", "--num-gpus", "1", "--batch", "2", "--image-size", "16", "--fake-location", "gpu"]
@@ -26,12 +27,6 @@ TINY = ["--input-only", "--num-gpus", "1", "--batch", "2", "--image-size", "16",
 
 def bench(*args: str) -> list[str]:
     return [sys.executable, str(ROOT / "bench_input.py"), *args]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_error(err: str) -> str:
@@ -102,7 +97,7 @@ def serve_then_stop(args: list[str], port: int, expected: list[str], first_line:
 
 
 def test_a_task_started_by_hand_listens_on_its_loopback_host_only():
-    ps, worker = free_port(), free_port()
+    ps, worker = free_tcp_port(), free_tcp_port()
     args = task_args("ps", f"127.0.0.1:{ps}", f"127.0.0.1:{worker}")
     serve_then_stop(args, ps, ["127.0.0.1"], f"ps 0: serving on 127.0.0.1:{ps}")
 
@@ -110,7 +105,7 @@ def test_a_task_started_by_hand_listens_on_its_loopback_host_only():
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.77"])
 def test_a_cluster_address_beyond_loopback_needs_allow_remote(host):
     r = subprocess.run(
-        task_args("ps", f"{host}:{free_port()}", f"127.0.0.1:{free_port()}"),
+        task_args("ps", f"{host}:{free_tcp_port()}", f"127.0.0.1:{free_tcp_port()}"),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -134,17 +129,15 @@ def _wide_address() -> str | None:
 
 @pytest.mark.skipif(_wide_address() is None, reason="no address beyond loopback on this machine")
 def test_with_allow_remote_a_task_listens_on_the_address_its_host_names_not_everywhere():
-    host, ps = _wide_address(), free_port()
-    serve_then_stop(task_args("ps", f"{host}:{ps}", f"127.0.0.1:{free_port()}", "--allow-remote"), ps, [host])
+    host, ps = _wide_address(), free_tcp_port()
+    serve_then_stop(task_args("ps", f"{host}:{ps}", f"127.0.0.1:{free_tcp_port()}", "--allow-remote"), ps, [host])
 
 
 @pytest.mark.parametrize("job", ["ps", "worker"])
 def test_a_task_whose_port_is_taken_is_one_line_before_it_says_it_serves(job):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        busy = f"127.0.0.1:{taken.getsockname()[1]}"
-        other = f"127.0.0.1:{free_port()}"
+    with taken_port() as port:
+        busy = f"127.0.0.1:{port}"
+        other = f"127.0.0.1:{free_tcp_port()}"
         args = task_args(job, busy, other) if job == "ps" else task_args(job, other, busy)
         r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 2, r.stderr[-2000:]
