@@ -140,6 +140,16 @@ def _add_emulation_flags(p: argparse.ArgumentParser) -> None:
         help="with --find-capacity: at most N probes per path before its tries (fewer: a quicker, coarser bracket)",
     )  # fmt: skip
     g.add_argument(
+        "--probe-warmup", dest="probe_warmup_s", type=positive_float, default=BenchConfig.probe_warmup_s,
+        metavar="SECONDS", help="with --find-capacity: each probe warms up at least this long at its demand, so "
+        "a loader's slow start (workers starting, caches filling) is not what is measured (default %(default)s)",
+    )  # fmt: skip
+    g.add_argument(
+        "--probe-window", dest="probe_window_s", type=positive_float, default=BenchConfig.probe_window_s,
+        metavar="SECONDS", help="with --find-capacity: each probe's timed window lasts at least this long "
+        "(default %(default)s)",
+    )  # fmt: skip
+    g.add_argument(
         "--bench", action="store_true",
         help="what `make bench` runs: every path on the real model; without a GPU, then every path's capacity "
         "against emulated H100s (or --emulate NAME)",

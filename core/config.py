@@ -46,6 +46,8 @@ class BenchConfig:
         3  # --capacity-tries: extra tries at each path's decisive probes (profiler/capacity.py CONFIRM)
     )
     capacity_probes: int = 5  # --capacity-probes: probes per path before the bisection stops
+    probe_warmup_s: float = 3.0  # --probe-warmup: a capacity probe's least warm-up at the demand, seconds
+    probe_window_s: float = 1.5  # --probe-window: a capacity probe's least timed window, seconds
     producers: int = 2
     producer_workers: int = 1
     producer_kind: str = "synthetic"  # synthetic, decode, dali, or loader (the user's own: --loader)

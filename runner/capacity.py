@@ -34,11 +34,9 @@ from core.errors import ConfigError, FeedbenchError
 from profiler.capacity import CONFIRM, CapacitySearch, overlap
 
 PROBE_STEPS = {"warmup_steps": 8, "steps": 20, "repeats": 1}
-# A probe measures the path at the demand, not its start-up: the warm-up lasts at least this long at the
-# demand's step time, and so does the timed window (a batch that follows the rate makes these a few dozen
-# steps; a given --batch at a high rate makes them more, up to MAX_PROBE_STEPS).
-PROBE_WARMUP_S = 3.0
-PROBE_WINDOW_S = 1.5
+# A probe measures the path at the demand, not its start-up: the warm-up lasts at least --probe-warmup
+# seconds at the demand's step time, and the timed window at least --probe-window (a batch that follows the
+# rate makes these a few dozen steps; a given --batch at a high rate makes them more, up to MAX_PROBE_STEPS).
 MAX_PROBE_STEPS = 500
 LOW_EFFICIENCY = 0.5  # below this share of the set rate, the machine, not the path, limits the baseline
 
@@ -52,13 +50,15 @@ def probe_config(cfg: BenchConfig, rate: float, batch_given: bool) -> BenchConfi
     # takes at least that many batches.
     queued = cfg.producers * max(1, cfg.producer_workers) * 2 * cfg.hwm + cfg.hwm + cfg.num_gpus
     batch = cfg.batch if batch_given else emulated_batch(rate)
-    # A slow start (workers spinning up, caches filling) passes inside the warm-up: it lasts PROBE_WARMUP_S
-    # at the demand (longer where the path is slower), the window PROBE_WINDOW_S.
+    # A slow start (workers spinning up, caches filling) passes inside the warm-up: it lasts probe_warmup_s
+    # at the demand (longer where the path is slower), the window probe_window_s.
     step_s = batch / rate
     warmup = max(
-        PROBE_STEPS["warmup_steps"], -(-queued // max(1, cfg.num_gpus)) + 2, math.ceil(PROBE_WARMUP_S / step_s)
+        PROBE_STEPS["warmup_steps"],
+        -(-queued // max(1, cfg.num_gpus)) + 2,
+        math.ceil(cfg.probe_warmup_s / step_s),
     )
-    steps = max(PROBE_STEPS["steps"], math.ceil(PROBE_WINDOW_S / step_s))
+    steps = max(PROBE_STEPS["steps"], math.ceil(cfg.probe_window_s / step_s))
     return replace(
         cfg,
         emulate_rate=rate,

@@ -77,12 +77,15 @@ def test_output_places_that_cannot_be_written_are_refused_up_front(procs, tmp_pa
         assert "feedbench:" not in out, "nothing may start before the places are checked"
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
-def test_recv_timeout_must_be_a_finite_number_above_zero(procs, tmp_path, value):
-    p = start(procs, tmp_path, *SMALL, "--recv-timeout", value)
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--recv-timeout", v) for v in ("0", "-1", "nan", "inf")] + [("--probe-warmup", "0"), ("--probe-window", "-1")],
+)
+def test_seconds_must_be_a_finite_number_above_zero(procs, tmp_path, flag, value):
+    p = start(procs, tmp_path, *SMALL, flag, value)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 2
-    assert "--recv-timeout" in one_error(err) and "finite number above 0" in err
+    assert flag in one_error(err) and "finite number above 0" in err
 
 
 def test_an_image_size_no_machine_can_hold_is_refused_saying_why(procs, tmp_path):

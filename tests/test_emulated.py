@@ -59,8 +59,12 @@ def test_emulated_baseline_reaches_the_set_rate() -> None:
 def test_capacity_of_a_throttled_producer_is_the_throttle() -> None:
     """Two producers capped at 150 img/s each: the path sustains about 300 img/s while the devices want 500."""
     # Three probes: over the throttle, just under what it delivered, and between; then one more try at each
-    # end of the bracket (an interval to check, in half the tries of make bench's).
-    cfg = emulated(250.0, paths=[BASELINE, "zmq-consume"], producers=2, producer_rate=150.0, capacity_probes=3)
+    # end of the bracket (an interval to check, in half the tries of make bench's). Probes warm up for 1 s
+    # (the producers' queues are full well before) and time 1 s: a throttle holds its rate from the start.
+    cfg = emulated(
+        250.0, paths=[BASELINE, "zmq-consume"], producers=2, producer_rate=150.0, capacity_probes=3,
+        probe_warmup_s=1.0, probe_window_s=1.0,
+    )  # fmt: skip
     results, _ = find_capacities(
         cfg, lambda c, path: run_path(c, path, has_gpu=False), batch_given=False, log=lambda s: None, confirm=1
     )

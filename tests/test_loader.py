@@ -372,7 +372,17 @@ def test_a_loader_feeds_zmq_consume_and_its_capacity_is_found(data, tmp_path, lo
     search = loader == f"{TV}:make_loader"
     js = tmp_path / "run.json"
     how = (
-        ["--find-capacity", "--capacity-tries", "0", "--capacity-probes", "2"]
+        [
+            "--find-capacity",
+            "--capacity-tries",
+            "0",
+            "--capacity-probes",
+            "2",
+            "--probe-warmup",
+            "1",
+            "--probe-window",
+            "1",
+        ]
         if search
         else ["--warmup-steps", "2", "--steps", "8", "--repeats", "1"]
     )

@@ -90,6 +90,7 @@ def test_a_torch_capacity_run_against_emulated_h100s_matches_the_schema(tmp_path
     """--framework torch --find-capacity --emulate H100, end to end: each path's capacity, labelled as emulated."""
     p = bench(tmp_path, "--framework", "torch", "--find-capacity", "--emulate", "H100", "--fake-location",
               "zmq-consume", "--num-gpus", "1", "--image-size", "32", "--capacity-tries", "0", "--capacity-probes", "2",
+              "--probe-warmup", "1", "--probe-window", "1",
               "--json", "cap.json", "--out", "out")  # fmt: skip
     doc = json.loads((tmp_path / "cap.json").read_text())
     check_report(doc)
