@@ -308,7 +308,7 @@ def test_loader_only_sweeps_up_to_the_cores_with_a_demand_and_stages_that_add_up
     with another here: the stages' shares are of one sample's own time, so this runs beside other tests."""
     tv = tv_loader(data)
     out = tmp_path / "out"
-    p = start("bench_input.py", *tv, "--loader-only", "--loader-seconds", "2", "--emulate", "H100",
+    p = start("bench_input.py", *tv, "--loader-only", "--loader-seconds", "1", "--emulate", "H100",
               "--num-devices", "8", "--out", str(out))  # fmt: skip
     code, text, err = finish(p, 300)
     assert code == 0, err
