@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from core import loader_settings
+from core import loader_settings, loader_start
 from core.errors import FeedbenchError
 
 DEFAULT_TIMEOUT = 60.0  # seconds a loader may take for one batch (the first included) before it is called hung
@@ -130,13 +130,16 @@ class LoaderSpec:
         """Import the module (a file path or an importable name) and return the callable."""
         module_text, _, attr = self.target.rpartition(":")
         if is_file_target(module_text):
-            return self._attr(self._import_file(module_text), module_text, attr)
-        try:
-            mod = importlib.import_module(module_text)
-        except ModuleNotFoundError as e:
-            raise LoaderError(f"loader {self.name}: cannot import {module_text} ({e})") from None
-        except (Exception, SystemExit) as e:
-            raise LoaderError(f"loader {self.name}: importing {module_text} raised {exception_words(e)}") from None
+            mod = self._import_file(module_text)
+        else:
+            try:
+                mod = importlib.import_module(module_text)
+            except ModuleNotFoundError as e:
+                raise LoaderError(f"loader {self.name}: cannot import {module_text} ({e})") from None
+            except (Exception, SystemExit) as e:
+                words = exception_words(e)
+                raise LoaderError(f"loader {self.name}: importing {module_text} raised {words}") from None
+        loader_start.note_imported()  # the threads its imports started (core/loader_start.py)
         return self._attr(mod, module_text, attr)
 
     def _import_file(self, module_text: str) -> Any:

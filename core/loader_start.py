@@ -6,26 +6,57 @@ those imports torch and torchvision again: 2-3 CPU-seconds each, more than a sho
 on a small machine, and not what the user's training loop pays. Forked, they start with the file's imports
 already made; each still calls the loader's callable itself, so nothing of the loader is shared.
 
-Forking is safe only while this process holds no thread that a copy would lose mid-way (a Python thread
-such as the timeline's sampler; the signal watcher, which only waits, is none), no framework that keeps
-threads or a device once loaded (TensorFlow, JAX, DALI, OpenCV's pool) and no CUDA context; otherwise the
-workers are spawned, as before.
+Forking is safe only while this process holds no thread that a copy would lose mid-way: no Python thread
+(such as the timeline's sampler; the signal watcher, which only waits, is none), no thread a library started
+after the loader's file was imported (TensorFlow's runtime once it runs an op or opens a session, OpenCV's
+pool once it resizes), no framework that keeps threads or a device from its import on (JAX, DALI) and no
+CUDA context; otherwise the workers are spawned. Importing TensorFlow, OpenCV or numpy starts only BLAS
+pools, idle until used, which copy safely (their libraries stop and restart them around a fork): a
+tf.data or DataFlow loader's copies skip TensorFlow's import, about 3 CPU-seconds each.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 import sys
 import tempfile
 import threading
 from multiprocessing.context import BaseContext
 
-# Modules that start threads or hold device state on import or first use: a copy of a process that loaded
-# them may hang in the child (TensorFlow's runtime, XLA's, DALI's and OpenCV's thread pools).
-UNSAFE_TO_COPY = ("tensorflow", "jax", "nvidia.dali", "cv2")
+# Modules that hold threads or device state from their import on: a copy of a process that loaded them may
+# hang in the child (XLA's and DALI's thread pools).
+UNSAFE_TO_COPY = ("jax", "nvidia.dali")
+# Modules safe to copy only once their imports' idle pools are all they started (note_imported): without
+# that count, a process that loaded them spawns its workers.
+SAFE_WHILE_IDLE = ("tensorflow", "cv2")
 # runner/shutdown.py's signal watcher: it waits in sigwait() and holds no lock a copy could inherit held.
 SIGNAL_WATCHER = "feedbench-shutdown"
+_imported_threads: int | None = None  # library threads when the loader's file was imported (note_imported)
+
+
+def library_threads() -> int:
+    """This process's threads that Python did not start (a library's pools), from /proc; -1 where unknown."""
+    try:
+        return len(os.listdir("/proc/self/task")) - threading.active_count()
+    except OSError:
+        return -1
+
+
+def note_imported() -> None:
+    """Once the loader's file is imported: the threads its imports started are idle pools a copy may lose;
+    any thread started after it (a framework's runtime) makes copies unsafe. The first import counts."""
+    global _imported_threads
+    if _imported_threads is None:
+        _imported_threads = library_threads()
+
+
+def _tensorflow_running() -> bool:
+    """True once TensorFlow's eager runtime is up in this process (its context made, with thread pools)."""
+    context = sys.modules.get("tensorflow.python.eager.context")
+    ctx = context.context_safe() if context is not None else None
+    return ctx is not None and getattr(ctx, "_context_handle", None) is not None
 
 
 def start_method() -> str:
@@ -35,6 +66,10 @@ def start_method() -> str:
         return "spawn"
     if any(name in sys.modules for name in UNSAFE_TO_COPY):
         return "spawn"
+    if any(name in sys.modules for name in SAFE_WHILE_IDLE):
+        now = library_threads()
+        if _imported_threads is None or now < 0 or now > _imported_threads or _tensorflow_running():
+            return "spawn"
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized():
         return "spawn"  # a CUDA context cannot be used in a forked child

@@ -266,12 +266,19 @@ def test_a_loader_module_that_exits_or_raises_on_import_is_one_line(tmp_path, na
 
 @pytest.mark.parametrize(
     ("suffix", "imports", "processes"),
-    [("", "numpy", 1), (".txt", "numpy", 1), (".loader.py", "numpy", 1), (".py", "cv2", 2)],
+    [
+        ("", "numpy", 1),
+        (".txt", "numpy", 1),
+        (".loader.py", "numpy", 1),
+        (".py", "cv2", 1),
+        (".py", "tensorflow as tf; tf.constant(1)", 2),
+    ],
 )
 def test_a_loader_file_of_any_suffix_is_imported_once(tmp_path, suffix, imports, processes):
     """Once per process that imports it. A worker is a copy of the sweep's process, which imported the file
-    already, unless the file loads a module a copy cannot carry (OpenCV's thread pool: core/loader_start.py);
-    then the worker is spawned and imports the file itself."""
+    already (OpenCV's import included: its pool starts only once used), unless the file started something a
+    copy cannot carry (TensorFlow's runtime, once an op ran: core/loader_start.py); then the worker is
+    spawned and imports the file itself."""
     path = tmp_path / f"myloader{suffix}"
     path.write_text(
         f"import os, numpy as np, {imports}\n"
@@ -291,6 +298,33 @@ def test_a_loader_file_of_any_suffix_is_imported_once(tmp_path, suffix, imports,
     assert set(per_process.values()) == {1}, f"imported more than once in a process: {per_process}"
     # The sweep's process (checks, stage timing), and the worker where it was spawned.
     assert len(per_process) == processes, per_process
+
+
+def test_a_process_that_started_a_pool_after_the_loaders_import_spawns_its_workers():
+    """The rule of core/loader_start.py in a fresh process: copies while OpenCV and TensorFlow are only
+    imported, spawned once OpenCV's pool runs or TensorFlow's runtime is up."""
+    script = (
+        "import numpy as np, cv2, tensorflow as tf\n"
+        "from core import loader_start as s\n"
+        "print(s.start_method())\n"  # no loader's import counted yet
+        "s.note_imported()\n"
+        "print(s.start_method())\n"
+        "img = np.zeros((2000, 2000, 3), np.uint8)\n"
+        "for _ in range(5):\n    cv2.GaussianBlur(img, (15, 15), 0)\n"
+        "print(s.start_method(), s.library_threads() > s._imported_threads)\n"
+        "s._imported_threads = s.library_threads()\n"  # as if the pool were the file's: TensorFlow's op still counts
+        "tf.constant(1)\n"
+        "print(s.start_method())\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    pool_started = os.cpu_count() > 1
+    assert p.stdout.split("\n")[:4] == [
+        "spawn",
+        "fork",
+        f"{'spawn' if pool_started else 'fork'} {pool_started}",
+        "spawn",
+    ]
 
 
 def test_a_loader_folder_with_modules_named_like_the_projects_does_not_shadow_them(tmp_path, ipc_dir):
