@@ -316,6 +316,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.obj = _measured_alone(item.obj, item.name)
 
 
+# Capacity probes of a 1 s warm-up and a 1 s window (the defaults are 3 s and 1.5 s), for the tests that check
+# a search's files, labels and structure, not how a slow start is kept out of a probe: as BenchConfig fields,
+# and as the command-line flags for those fields.
+QUICK_PROBES = {"probe_warmup_s": 1.0, "probe_window_s": 1.0}
+QUICK_PROBE_FLAGS = [a for field, v in QUICK_PROBES.items() for a in (f"--{field[:-2].replace('_', '-')}", f"{v:g}")]
+
+
 @contextmanager
 def taken_port() -> Iterator[int]:
     """A loopback TCP port this test process has bound and listens on: what another process's bind meets."""

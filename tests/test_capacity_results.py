@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+from conftest import QUICK_PROBE_FLAGS, QUICK_PROBES
 
 from core.config import BASELINE, BenchConfig, apply_defaults
 from runner.capacity import find_capacities, probe_config, table
@@ -42,11 +43,10 @@ def slow_start():
         i += 1
         yield np.zeros((8, 16, 16, 3), np.uint8), np.zeros(8, np.int64)
 """
-# Probes of a 1 s warm-up and window (instead of 3 s and 1.5 s): these tests check the files, not the figures.
-QUICK = (
-    "--emulate-rate 2000 --num-gpus 1 --image-size 16 --batch 8 --capacity-tries 1 --capacity-probes 3 "
-    "--probe-warmup 1 --probe-window 1"
-).split()
+QUICK = [
+    *"--emulate-rate 2000 --num-gpus 1 --image-size 16 --batch 8 --capacity-tries 1 --capacity-probes 3".split(),
+    *QUICK_PROBE_FLAGS,  # these tests check the files, not the figures
+]
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,7 @@ def test_a_path_whose_probes_crash_leaves_the_other_paths_capacity(bad):
 
     cfg = BenchConfig(
         model="emulated", emulate_rate=2000.0, num_gpus=1, image_size=16, batch=8,
-        paths=[BASELINE, "python-queue", "cpu"], producer_kind="loader", loader=bad, capacity_probes=2,
-        probe_warmup_s=1.0, probe_window_s=1.0,
+        paths=[BASELINE, "python-queue", "cpu"], producer_kind="loader", loader=bad, capacity_probes=2, **QUICK_PROBES,
     )  # fmt: skip
     apply_defaults(cfg, gpus=0)
     said: list[str] = []

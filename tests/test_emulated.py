@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import QUICK_PROBES
 
 from core.config import BASELINE, BenchConfig, apply_defaults
 from core.emulate import PRESETS, EmulateError, Emulation
@@ -62,9 +63,8 @@ def test_capacity_of_a_throttled_producer_is_the_throttle() -> None:
     # end of the bracket (an interval to check, in half the tries of make bench's). Probes warm up for 1 s
     # (the producers' queues are full well before) and time 1 s: a throttle holds its rate from the start.
     cfg = emulated(
-        250.0, paths=[BASELINE, "zmq-consume"], producers=2, producer_rate=150.0, capacity_probes=3,
-        probe_warmup_s=1.0, probe_window_s=1.0,
-    )  # fmt: skip
+        250.0, paths=[BASELINE, "zmq-consume"], producers=2, producer_rate=150.0, capacity_probes=3, **QUICK_PROBES
+    )
     results, _ = find_capacities(
         cfg, lambda c, path: run_path(c, path, has_gpu=False), batch_given=False, log=lambda s: None, confirm=1
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from conftest import QUICK_PROBE_FLAGS
 
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 
@@ -372,17 +373,7 @@ def test_a_loader_feeds_zmq_consume_and_its_capacity_is_found(data, tmp_path, lo
     search = loader == f"{TV}:make_loader"
     js = tmp_path / "run.json"
     how = (
-        [
-            "--find-capacity",
-            "--capacity-tries",
-            "0",
-            "--capacity-probes",
-            "2",
-            "--probe-warmup",
-            "1",
-            "--probe-window",
-            "1",
-        ]
+        ["--find-capacity", "--capacity-tries", "0", "--capacity-probes", "2", *QUICK_PROBE_FLAGS]
         if search
         else ["--warmup-steps", "2", "--steps", "8", "--repeats", "1"]
     )

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import QUICK_PROBE_FLAGS
 from schema import SCHEMA, check_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +91,7 @@ def test_a_torch_capacity_run_against_emulated_h100s_matches_the_schema(tmp_path
     """--framework torch --find-capacity --emulate H100, end to end: each path's capacity, labelled as emulated."""
     p = bench(tmp_path, "--framework", "torch", "--find-capacity", "--emulate", "H100", "--fake-location",
               "zmq-consume", "--num-gpus", "1", "--image-size", "32", "--capacity-tries", "0", "--capacity-probes", "2",
-              "--probe-warmup", "1", "--probe-window", "1",
+              *QUICK_PROBE_FLAGS,
               "--json", "cap.json", "--out", "out")  # fmt: skip
     doc = json.loads((tmp_path / "cap.json").read_text())
     check_report(doc)
