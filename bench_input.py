@@ -82,7 +82,7 @@ def _add_path_flags(p: argparse.ArgumentParser, paths: dict) -> None:
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     """The trained model and its schedule: devices, batch, steps, variables, precision."""
-    from core.cli_types import non_negative_int, positive_int
+    from core.cli_types import non_negative_int, positive_float, positive_int
     from runner import cluster_spec
 
     p.add_argument(
@@ -108,6 +108,11 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-format", choices=("NCHW", "NHWC"), help="default NCHW on GPU, NHWC on CPU")
     p.add_argument("--use-fp16", action="store_true", help="fp16 compute, fp32 master weights, loss scaling")
     p.add_argument("--use-xla-compile", action="store_true", help="compile each tower's step with XLA")
+    p.add_argument(
+        "--learning-rate", type=positive_float, metavar="LR",
+        help="the rate after the warm-up steps' linear warm-up (default 0.1 x total batch / 256); a result whose "
+        "timed steps hold a non-finite loss or a skipped update is marked invalid",
+    )  # fmt: skip
     p.add_argument("--input-only", action="store_true", help="no model: each path's input ceiling")
 
 

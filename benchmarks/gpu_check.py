@@ -11,7 +11,8 @@ it runs, each in its own process (this module imports neither framework):
    torchrun launch (zmq-consume over shm:// in a second), start-up shared;
 3. a short run of every default TensorFlow path on one GPU;
 
-then bounds the figures (`figure_problems`): no path may beat the on-device
+then bounds the figures (`figure_problems`): every path's model must have trained (finite loss, no
+skipped update in a timed window: profiler/training.py), no path may beat the on-device
 baseline beyond its interval, the baseline must reach a stated share of the
 GPU's published ResNet-50 rate, and a path's slowdown must be what its input
 wait says. A table shows each path's ratio to its trainer's baseline.
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from core import gpus
 from core.emulate import PRESETS
+from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import ratio_interval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +105,11 @@ def published_rate(gpu_name: str) -> tuple[str, float] | None:
 
 def figure_problems(framework: str, results: dict[str, dict], gpu_name: str, fp16: bool = True) -> list[str]:
     """One line per figure out of bounds in one trainer's results (path -> result, `gpu` the baseline)."""
+    untrained = [
+        f"{framework}: {path}: {invalid_words(bad)}" for path, r in results.items() if (bad := invalid_reason(r))
+    ]  # a model that does not train gives no figure: nothing else of the run is read
+    if untrained:
+        return untrained
     base = results.get(BASELINE)
     if not base or not _windows(base):
         return [f"{framework}: no baseline ({BASELINE}) figure to bound the others by"]

@@ -36,6 +36,7 @@ class BenchConfig:
     data_format: str | None = None
     use_fp16: bool = False
     use_xla_compile: bool = False
+    learning_rate: float | None = None  # after the warm-up (None: 0.1 x total batch / 256; profiler/training.py)
     input_only: bool = False
     model: str = "resnet50"  # or "emulated": a device consuming batches at a set rate (core/emulate.py)
     emulate: str | None = None  # preset name (--emulate)

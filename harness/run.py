@@ -78,7 +78,7 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
     if results is None:
         return 0  # another node of the run writes the report
     report(plugin, cfg, results, out, started, gpus, bench=bench, timeline=timeline)
-    code = _failed(results)
+    code = max(_failed(results), untrained(results))
     if bench and not gpus:
         # Without a GPU every path keeps up with a CPU ResNet-50: ask instead how many emulated
         # H100s each path would keep fed (docs/emulated.md).
@@ -111,6 +111,19 @@ def _failed(results: dict[str, dict]) -> int:
     for line in lines:
         print(f"error: {line}", file=sys.stderr)
     return 2 if lines else 0
+
+
+def untrained(results: dict[str, dict]) -> int:
+    """3 if a path's model did not train (profiler/training.py), one line each, after every result was written."""
+    from profiler.training import invalid_reason, invalid_words
+
+    bad = {path: reason for path, r in results.items() if (reason := invalid_reason(r))}
+    for path, reason in bad.items():
+        print(f"error: {path}: {invalid_words(reason)}: its figures are not reported", file=sys.stderr)
+    return UNTRAINED_EXIT if bad else 0
+
+
+UNTRAINED_EXIT = 3  # the run finished and wrote its results, but a path's model did not train
 
 
 def run_paths(

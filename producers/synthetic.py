@@ -1,4 +1,4 @@
-"""Synthetic batches: random images, cycled.
+"""Synthetic batches: random images with a label each, cycled.
 
 Generating 9.6 MB of random pixels per batch would cost more than sending it,
 so each worker draws a few source images once (`TILES`: they fit in a core's
@@ -47,7 +47,10 @@ class SyntheticSource:
         tiles = rng.integers(0, 256, (max(TILES, self.pool), self.image_size, self.image_size, 3), dtype=np.uint8)
         order = [[(p + j) % len(tiles) for j in range(self.batch)] for p in range(self.pool)]  # distinct rotations
         images = [tiles[o] for o in order]
-        labels = [rng.integers(0, self.classes, (self.batch,), dtype=np.int32) for _ in range(self.pool)]
+        # One label per source image, wherever it lands in a batch: labels a model can learn. A label drawn per
+        # position would give the same image many labels, a loss with a floor and gradients that never settle.
+        tile_labels = rng.integers(0, self.classes, (len(tiles),), dtype=np.int32)
+        labels = [tile_labels[o] for o in order]
         for a in images + labels:
             a.flags.writeable = False
         for i in itertools.count():

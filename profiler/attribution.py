@@ -13,6 +13,7 @@ inside the trainer (its threads, by name).
 
 from __future__ import annotations
 
+from profiler.training import invalid_reason
 from profiler.uncertainty import WITHIN_NOISE, too_short_words
 
 BASELINE = "gpu"
@@ -74,7 +75,9 @@ def add_attribution(results: dict[str, dict]) -> None:
     """Give every path its attribution against the baseline of the same invocation."""
     base = results.get(BASELINE)
     for r in results.values():
-        r["attribution"] = attribute(r, base)
+        # No gap to split where either side's model did not train (profiler/training.py): neither is a figure.
+        untrained = invalid_reason(r) or (base is not None and invalid_reason(base))
+        r["attribution"] = None if untrained else attribute(r, base)
 
 
 def sentence(path: str, a: dict | None) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from profiler.training import merge_ranks
+
 # Input wait share from which a worker is said to hold the others back, and how far above the others it must be.
 WAIT_SHARE = 0.10
 WAIT_MARGIN = 0.05
@@ -145,6 +147,9 @@ def combine(workers: list[dict], towers_per_worker: int, mode: str) -> dict:
         "step_time_ms": {q: max(w["step_time_ms"][q] for w in workers) for q in ("p50", "p90", "p99")},
         "final_loss": chief["final_loss"],
         "loss_finite": all(w["loss_finite"] for w in workers),
+        **(
+            {"training": merge_ranks([w["training"] for w in workers])} if all("training" in w for w in workers) else {}
+        ),
         "steps_run": min(w["steps_run"] for w in workers),
         "variables_in_sync": variables_in_sync(workers, mode),
         "straggler": straggler(workers),

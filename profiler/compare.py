@@ -17,7 +17,8 @@ results of single runs (`--json`, or `--out DIR`'s results.json; docs/results.md
 - the stage whose share of a step's time moved most (`step_shares`).
 
 Exit status, for a CI job: 1 when some path is slower beyond noise, 0 otherwise, 2 for bad input (a file
-that is missing, unreadable or no single run's result; two results of different machines or configurations).
+that is missing, unreadable or no single run's result; two results of different machines or configurations;
+a result whose model did not train, marked invalid in its `training` block).
 
 What must match (`MACHINE`, `CONFIGURATION`): the machine as the result records it, the trainer, the model,
 the devices, the batch and images, and how the batches travel (producers, wire, transport, encryption).
@@ -39,6 +40,7 @@ from tabulate import tabulate
 from core.errors import FeedbenchError
 from core.registry import BASELINE
 from profiler.report import SCHEMA_VERSION
+from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import NEGLIGIBLE, ratio_interval, window_rates
 
 # Versions whose figures read alike: 3 renamed `input.feeder` to `input.batch_maker`, which no comparison reads.
@@ -246,6 +248,8 @@ def compare(old: dict, new: dict, names: tuple[str, str] = ("OLD", "NEW")) -> di
     diff = difference(old, new)
     if diff:
         raise CompareError(refusal(*names, diff))
+    for doc, name in zip((old, new), names, strict=True):
+        refuse_untrained(doc, name)
     paths = {p: path_change(r, new["paths"][p], p == BASELINE) for p, r in old["paths"].items() if p in new["paths"]}
     return {
         "old": names[0],
@@ -256,6 +260,15 @@ def compare(old: dict, new: dict, names: tuple[str, str] = ("OLD", "NEW")) -> di
         "notes": notes(old, new),
         "exit_status": 1 if any(c["verdict"] == SLOWER for c in paths.values()) else 0,
     }
+
+
+def refuse_untrained(doc: dict, name: str) -> None:
+    """CompareError naming the file and path whose model did not train (profiler/training.py): no figure to compare."""
+    for path, r in doc["paths"].items():
+        if isinstance(r, dict) and (bad := invalid_reason(r)):
+            raise CompareError(
+                f"{name}: paths.{path}: {invalid_words(bad)}; a model that does not train gives no figure"
+            )
 
 
 def _rate(x: float) -> str:

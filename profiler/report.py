@@ -10,6 +10,7 @@ from tabulate import tabulate
 from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
+from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, drift_words, uncertainty
 
 SCHEMA_VERSION = 3  # of every JSON feedbench writes (--json, --out, --sweep); docs/results.schema.json
@@ -45,12 +46,16 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
     """
     rows = []
     methods = {}
+    base_bad = invalid_reason(results[BASELINE]) if BASELINE in results else None
     for path, r in results.items():
         ips = r["images_per_sec"]
         ratio = r.get("ratio_to_baseline")
         u = r.get("uncertainty") or uncertainty(r, results.get(BASELINE), is_baseline=path == BASELINE)
         lo, hi = u["images_per_sec"]
         methods[u["method"]] = True
+        if bad := invalid_reason(r):  # a model that does not train gives no figure
+            rows.append([path, "no figure", "", "", "", "n/a", invalid_words(bad)] + ([""] if input_only else []))
+            continue
         if path == BASELINE:
             vs = "baseline"
         elif ratio is None:
@@ -60,6 +65,8 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
         else:
             vs = f"{ratio:.2f}"
         reading = "" if path == BASELINE else (u.get("reading") or "")
+        if base_bad and path != BASELINE:
+            vs, reading = "n/a", "no ratio: the baseline is invalid"
         row = [
             path,
             _rate(ips["median"]),

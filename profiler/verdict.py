@@ -31,12 +31,18 @@ from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence
+from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import WITHIN_NOISE, too_short_words, uncertainty
 
 HIGH, MODERATE = 0.20, 0.05
 LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured", WITHIN_NOISE)
 # Below this many cores, the input's host work cannot be what slows the steps.
 INPUT_CORES_SMALL = 0.1
+# A result whose model did not train (profiler/training.py): its figures, and so its verdict, stand for nothing.
+INVALID_ADVICE = (
+    "no figure from a model that does not train: lower --learning-rate or raise --warmup-steps, and see which "
+    "window went wrong in the result's `training` block"
+)
 # What makes the model's step faster, per framework (the result's, or the caller's).
 FASTER_STEP = {
     "tf": "fp16 (--use-fp16), XLA (--use-xla-compile), more devices",
@@ -99,6 +105,8 @@ def _within_noise(path: str, result: dict, evidence: list[str]) -> dict:
 
 
 def _verdict(path: str, result: dict, baseline_ips: float | None, framework: str | None) -> dict:
+    if bad := invalid_reason(result):  # a model that does not train gives no figure, so no verdict on one
+        return {"level": "invalid", "limiting_stage": "none", "evidence": bad, "advice": INVALID_ADVICE}
     tel = result.get("telemetry") or {}
     share = tel.get("input_wait_share")
     level = level_of(share)
@@ -358,5 +366,8 @@ def verdicts_text(results: dict[str, dict], framework: str | None = None) -> str
     """
     add_verdicts(results, framework)
     verdicts = "\n".join(line(path, r["verdict"]) for path, r in results.items())
-    gaps = "\n".join(sentence(path, r.get("attribution")) for path, r in results.items())
+    gaps = "\n".join(
+        f"{path}: {invalid_words(bad)}" if (bad := invalid_reason(r)) else sentence(path, r.get("attribution"))
+        for path, r in results.items()
+    )
     return f"{table(results)}\n\n{verdicts}\n\n{gaps}"

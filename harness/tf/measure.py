@@ -18,6 +18,7 @@ from frameworks.tf_env import import_tf
 from harness.schedule import Schedule
 from profiler.progress import RunProgress
 from profiler.summary import Summary
+from profiler.training import training_block
 
 tf = import_tf()
 
@@ -45,7 +46,9 @@ class StepTimer(Callback):
         self.losses.append(float(values.results))
 
 
-def summarize(timer: StepTimer, schedule: Schedule, images_per_step: int, towers: int) -> dict:
+def summarize(
+    timer: StepTimer, schedule: Schedule, images_per_step: int, towers: int, loss_scale: float | None = None
+) -> dict:
     """Figures for one path from its timed windows: images/s (total and per device), step-time percentiles.
 
     Only the windows' steps count (see harness/schedule.py); the untimed
@@ -73,6 +76,10 @@ def summarize(timer: StepTimer, schedule: Schedule, images_per_step: int, towers
         },
         "final_loss": losses[-1],
         "loss_finite": all(math.isfinite(x) for x in losses),
+        # A static loss scale (`loss_scale`, float16) applies every update: no step is skipped.
+        "training": training_block(
+            losses, [schedule.window(r) for r in range(schedule.repeats)], loss_scale=loss_scale
+        ),
         "steps_run": len(timer.ends),
         "schedule": schedule.to_dict(),
         # For the run's timeline (profiler/timeline.py), which takes it out of the result.

@@ -38,6 +38,7 @@ from models.tf.input_only import InputOnlyModel
 from profiler import first_batch
 from profiler.progress import RunProgress
 from profiler.telemetry import add_common_fields
+from profiler.training import base_learning_rate
 from runner import shutdown
 from runner.producer_group import ProducerDied, ProducerGroup, RunDir, start_producers
 from wire.endpoints import EndpointError, release
@@ -180,8 +181,9 @@ def make_model(cfg: BenchConfig):
         image_size=cfg.image_size,
         use_fp16=cfg.use_fp16,
         use_xla=cfg.use_xla_compile,
-        # The linear scaling rule (0.1 per 256 images): tiny CPU batches would diverge at 0.1.
-        learning_rate=0.1 * cfg.batch * cfg.num_gpus / 256,
+        # The linear scaling rule (0.1 per 256 images) unless --learning-rate, warmed up over the warm-up steps.
+        learning_rate=base_learning_rate(cfg.learning_rate, cfg.batch * cfg.num_gpus),
+        warmup_steps=cfg.warmup_steps,
     )
 
 
@@ -377,7 +379,8 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
 def _result(built: Built, timer: StepTimer, callbacks: list[Callback], opened: float) -> dict:
     """The path's result dict (docs/results.md): timing figures, accounting, each stage's telemetry."""
     cfg = built.cfg
-    result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus)
+    scale = getattr(built.model, "loss_scale", None) if getattr(built.model, "use_fp16", False) else None
+    result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus, scale)
     result["first_batch"] = first_batch.figure("tf", timer.ends[0] - opened)
     result.update(built.path.result_fields())
     telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)

@@ -27,6 +27,9 @@ import torch
 
 from profiler import first_batch
 from profiler.summary import Summary
+from profiler.training import merge_ranks, skipped_steps, training_block
+
+INITIAL_SCALE = 2.0**16  # torch.amp.GradScaler's init_scale, as harness/torch/run.py makes it
 
 
 def synchronize(device: torch.device) -> None:
@@ -64,6 +67,10 @@ class RankTimer:
     def needed(self) -> int:
         return self.warmup + self.steps * self.repeats
 
+    def timed(self) -> list[range]:
+        """Each timed window's steps."""
+        return [range(self.warmup + r * self.steps, self.warmup + (r + 1) * self.steps) for r in range(self.repeats)]
+
     def window_end(self, step: int) -> bool:
         """Whether `step` (0-based) is the last of a timed window, or of the warm-up."""
         return step == self.warmup - 1 or (step >= self.warmup and (step - self.warmup + 1) % self.steps == 0)
@@ -79,9 +86,13 @@ class RankTimer:
                 self.waits[i] = before.elapsed_time(after) / 1e3
                 self.device_marks[i] = (None, None)
 
-    def figures(self) -> dict:
-        """This rank's plain figures, small enough to gather from every rank."""
+    def figures(self, scales: list[float] | None = None) -> dict:
+        """This rank's plain figures, small enough to gather from every rank.
+
+        `scales`: a dynamic loss scaler's scale after each step (its initial scale is torch's, 2**16).
+        """
         losses = [float(x) for x in self.losses]
+        skipped = skipped_steps(scales, INITIAL_SCALE) if scales else None
         m = slice(self.warmup, self.needed)
         walls = np.array(self.ends[m]) - np.array(self.starts[m])
         waits = np.array(self.waits[m])
@@ -92,6 +103,7 @@ class RankTimer:
             "wait_ms": (waits * 1e3).tolist(),
             "final_loss": losses[-1] if losses else float("nan"),
             "loss_finite": bool(losses) and all(math.isfinite(x) for x in losses),
+            "training": training_block(losses, self.timed(), scales or None, skipped),
             "first_batch_s": self.first_batch_at - self.opened,
             "step_ends": list(self.ends),  # perf_counter: CLOCK_MONOTONIC, the parent's clock too
             "window_spans": [
@@ -162,6 +174,7 @@ def combine(ranks: list[dict], batch: int, steps: int) -> dict:
         "step_time_ms": _percentiles(ranks[0]["step_ms"]),
         "final_loss": ranks[0]["final_loss"],
         "loss_finite": all(r["loss_finite"] for r in ranks),
+        "training": merge_ranks([r["training"] for r in ranks]),
         "steps_run": min(r["steps_run"] for r in ranks),
         "ranks": per_rank,
         "straggler": straggler,

@@ -20,6 +20,7 @@ import time
 from core.config import BenchConfig
 from core.errors import FeedbenchError, InputError
 from profiler.telemetry import stage_figures
+from profiler.training import base_learning_rate, warmup_factor
 
 
 def build(cfg: BenchConfig, device, world: int):
@@ -27,6 +28,7 @@ def build(cfg: BenchConfig, device, world: int):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from harness.torch.measure import INITIAL_SCALE
     from models import torch as models
 
     if cfg.input_only:
@@ -44,8 +46,9 @@ def build(cfg: BenchConfig, device, world: int):
         model = DDP(
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )  # fmt: skip
-    # The linear scaling rule (0.1 per 256 images), as the TensorFlow trainer: tiny CPU batches would diverge.
-    lr = 0.1 * cfg.batch * world / 256
+    # The linear scaling rule (0.1 per 256 images) unless --learning-rate, as the TensorFlow trainer; the
+    # step warms it up (profiler/training.py warmup_factor).
+    lr = base_learning_rate(cfg.learning_rate, cfg.batch * world)
     # Fused on CUDA: one kernel for the update, and GradScaler hands it the scale and the inf check on the
     # device (with an unfused optimizer, GradScaler.step reads found_inf with .item(): a sync every step).
     fused = device.type == "cuda"
@@ -60,7 +63,9 @@ def build(cfg: BenchConfig, device, world: int):
     if cfg.use_fp16:
         amp = torch.float16 if device.type == "cuda" else torch.bfloat16
         if amp is torch.float16 and not cfg.stand_in:  # a stand-in's scalar needs no loss scaling
-            scaler = torch.amp.GradScaler("cuda")  # float16 needs loss scaling; bfloat16 has float32's range
+            scaler = torch.amp.GradScaler(
+                "cuda", init_scale=INITIAL_SCALE
+            )  # float16 needs loss scaling; bfloat16 has float32's range
     return model, opt, scaler, amp
 
 
@@ -89,7 +94,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
         )  # fmt: skip
         window = (first, path.counters())  # the stage contract's raw state at the measured window's edges
         synchronize(ctx.device)
-        figures = _path_figures(path, timer, amp, window)
+        figures = _path_figures(path, timer, amp, window, train_step.scales)
         if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them
             _profile(cfg, name, ctx, path, prepared, train_step)
     except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
@@ -123,9 +128,16 @@ def _stepper(cfg: BenchConfig, ctx, model, opt, scaler, amp):
 
     # DDP's gradients are views of its buckets: zero them in place, or every step re-creates them as copies.
     bucket_views = ctx.world > 1 and not cfg.input_only
+    groups = getattr(opt, "param_groups", None) or [opt.__dict__]  # StandInSGD keeps its rate as `lr`
+    base = groups[0]["lr"]
+    done = [0]
 
     def train_step(x, labels):
-        """Forward, backward and the optimizer's step on one normalized batch; the loss."""
+        """Forward, backward and the optimizer's step on one normalized batch, at the warmed-up rate; the loss."""
+        if done[0] <= cfg.warmup_steps:
+            for g in groups:
+                g["lr"] = base * warmup_factor(done[0], cfg.warmup_steps)
+        done[0] += 1
         with torch.autocast(ctx.device.type, dtype=amp or torch.float32, enabled=amp is not None):
             out = model(x)
         loss = out.float().mean() if cfg.stand_in else F.cross_entropy(out.float(), labels)
@@ -134,11 +146,14 @@ def _stepper(cfg: BenchConfig, ctx, model, opt, scaler, amp):
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
+            # The scale after the update, on the device (no sync): a skipped step lowered it (read at the end).
+            train_step.scales.append(scaler._get_scale_async().clone())
         else:
             loss.backward()
             opt.step()
         return loss
 
+    train_step.scales = []  # a step that skipped its update lowered the scale (profiler/training.py skipped_steps)
     return train_step
 
 
@@ -202,9 +217,12 @@ def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | No
     return first
 
 
-def _path_figures(path, timer, amp, window: tuple[dict | None, dict | None]) -> dict:
-    """This rank's figures: the timer's, the stages' (from the path's counters at `window`'s edges), how it trained."""
-    figures = timer.figures()
+def _path_figures(path, timer, amp, window: tuple[dict | None, dict | None], scales: list) -> dict:
+    """This rank's figures: the timer's, the stages' (from the path's counters at `window`'s edges), how it trained.
+
+    `scales`: the loss scaler's scale after each step (empty without one): which timed steps skipped their update.
+    """
+    figures = timer.figures([float(s) for s in scales[: timer.needed]])
     figures["stages"] = stage_figures(path, *window)
     figures.update(path.result_fields())
     figures["decoded_on"] = path.decoded_on  # where DALI decoded, for the dali paths

@@ -8,6 +8,7 @@ bytes on the wire and in the staging areas stay four times smaller than float32.
 from __future__ import annotations
 
 from tensorpack import ModelDesc
+from tensorpack.tfutils.common import get_global_step_var
 from tensorpack.tfutils.optimizer import ProxyOptimizer
 from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
@@ -54,6 +55,7 @@ class ResNet50Model(ModelDesc):
         use_xla: bool = False,
         num_classes: int = 1000,
         learning_rate: float = 0.1,
+        warmup_steps: int = 0,
         momentum: float = 0.9,
         weight_decay: float = 1e-4,
     ) -> None:
@@ -71,6 +73,7 @@ class ResNet50Model(ModelDesc):
         self.use_xla = use_xla
         self.num_classes = num_classes
         self.learning_rate = learning_rate
+        self.warmup_steps = warmup_steps
         self.momentum = momentum
         self.weight_decay = weight_decay
 
@@ -119,7 +122,12 @@ class ResNet50Model(ModelDesc):
         return cost
 
     def optimizer(self) -> v1.train.Optimizer:
-        opt = v1.train.MomentumOptimizer(self.learning_rate, self.momentum)
+        """Momentum SGD at the learning rate, warmed up linearly over the warm-up steps (profiler/training.py)."""
+        lr = self.learning_rate
+        if self.warmup_steps > 0:
+            step = tf.cast(get_global_step_var(), tf.float32)  # tensorpack counts every step run
+            lr = tf.multiply(lr, tf.minimum(1.0, (step + 1.0) / self.warmup_steps), name="learning_rate")
+        opt = v1.train.MomentumOptimizer(lr, self.momentum)
         if self.use_fp16:
             opt = LossScaleOptimizer(opt, self.loss_scale)
         return opt
