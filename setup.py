@@ -83,6 +83,7 @@ setup(
         "msgpack>=1.0",
         "numpy>=1.26",
         "psutil>=5.9",
+        "nvidia-ml-py>=12",  # NVML, NVIDIA's binding: each window's GPU clocks and power (profiler/gpu_state.py)
         "tqdm>=4.66",
         "tabulate>=0.9",
         "matplotlib>=3.8",

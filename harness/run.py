@@ -19,6 +19,7 @@ from dataclasses import replace
 from core.config import BASELINE, BenchConfig, apply_defaults
 from core.errors import ConfigError
 from harness.plugin import Trainer
+from profiler.gpu_state import GpuState
 from profiler.timeline import Timeline, take_clocks
 from profiler.timeline import out_files as timeline_files
 
@@ -73,8 +74,13 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
     for note in prepare(plugin, cfg, gpus):
         print(f"note: {note}")
     timeline = Timeline("trainer") if out else None  # timeline.{json,png} beside the results (docs/results.md)
-    with timeline or contextlib.nullcontext():
+    global GPU_STATE
+    GPU_STATE = GpuState.open(cfg.num_gpus) if gpus else None  # each window's clocks and power (NVML)
+    with timeline or contextlib.nullcontext(), GPU_STATE or contextlib.nullcontext():
+        if timeline is not None and GPU_STATE is not None:
+            timeline.gauges["gpu"] = GPU_STATE.since_last
         started, results = run_paths(plugin, cfg, gpus, batch_given=base.batch is not None, timeline=timeline)
+    GPU_STATE = None
     if results is None:
         return 0  # another node of the run writes the report
     report(plugin, cfg, results, out, started, gpus, bench=bench, timeline=timeline)
@@ -111,6 +117,9 @@ def _failed(results: dict[str, dict]) -> int:
     for line in lines:
         print(f"error: {line}", file=sys.stderr)
     return 2 if lines else 0
+
+
+GPU_STATE: GpuState | None = None  # the run's NVML sampler while `main` runs its paths (profiler/gpu_state.py)
 
 
 def untrained(results: dict[str, dict]) -> int:
@@ -170,6 +179,9 @@ def run_paths(
 def train(plugin: Trainer, cfg: BenchConfig, timeline: Timeline | None = None) -> dict[str, dict] | None:
     """`plugin.run(cfg)`, each path's step clock moved out of its result into `timeline` (or dropped)."""
     results = plugin.run(cfg)
+    if GPU_STATE is not None:  # each timed window's GPU clocks, power and throttling, by the step clock's windows
+        for r in (results or {}).values():
+            r["gpu_state"] = GPU_STATE.windows((r.get("clock") or {}).get("windows") or [])
     take_clocks(results, timeline)
     return results
 

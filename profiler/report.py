@@ -10,6 +10,7 @@ from tabulate import tabulate
 from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
+from profiler.gpu_state import differs, throttled_words
 from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, drift_words, uncertainty
 
@@ -32,6 +33,16 @@ def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) ->
             u["steps_per_window"] = steps_per_window
     # A path above the ceiling (the baseline) proves the load changed between runs: every ratio carries it.
     apply_ceiling({p: r["uncertainty"] for p, r in results.items()})
+
+
+def gpu_words(path: str, r: dict, base: dict | None) -> str | None:
+    """A path's windows at other GPU clocks, power or throttling than the baseline's (profiler/gpu_state.py)."""
+    mine = r.get("gpu_state")
+    if not mine:
+        return None
+    if path == BASELINE or not base or not base.get("gpu_state"):
+        return f"GPU {throttled}" if (throttled := throttled_words(mine)) else None
+    return differs(mine, base["gpu_state"])
 
 
 def _rate(x: float) -> str:
@@ -67,6 +78,8 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
         reading = "" if path == BASELINE else (u.get("reading") or "")
         if base_bad and path != BASELINE:
             vs, reading = "n/a", "no ratio: the baseline is invalid"
+        elif gpu := gpu_words(path, r, results.get(BASELINE)):  # the GPU's own state beside the ratio
+            reading = f"{reading}; {gpu}" if reading else gpu
         row = [
             path,
             _rate(ips["median"]),

@@ -64,6 +64,9 @@ class Timeline:
         self.main_stage = main_stage
         self.interval = interval
         self.counters: dict[str, Callable[[], float]] = {}
+        # {stage: a function returning that second's figures}, e.g. "gpu": the GPUs' clocks and power
+        # (profiler/gpu_state.py), a row of its own in the picture.
+        self.gauges: dict[str, Callable[[], dict]] = {}
         self.samples: list[dict] = []
         self.windows: list[dict] = []  # {"label", "start", "end"}: the timed windows, shaded in the picture
         self._steps: list[tuple[float, int]] = []  # (monotonic end of a step, images it delivered)
@@ -159,6 +162,8 @@ class Timeline:
             s["processes"] += 1
             if stats:
                 s["sent_images_per_sec"] = s.get("sent_images_per_sec", 0.0) + _sent_rate(stats)
+        for stage, gauge in list(self.gauges.items()):
+            stages.setdefault(stage, {}).update(gauge())
         for stage, count in list(self.counters.items()):
             try:
                 stages.setdefault(stage, _empty())["images_so_far"] = float(count())

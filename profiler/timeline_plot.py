@@ -20,6 +20,11 @@ COLUMNS = (
     ("cpu_cores", "CPU cores"),
     ("rss_mb", "resident MB"),
     ("queue_occupancy", "queue occupancy"),
+    # The GPUs' own state (profiler/gpu_state.py), in the `gpu` row, where NVML was read.
+    ("sm_mhz", "SM clock (MHz)"),
+    ("power_w", "power (W)"),
+    ("temp_c", "temperature (C)"),
+    ("util_pct", "GPU utilisation (%)"),
 )
 WINDOW_COLOR = "#f2c14e"
 COL_IN, ROW_IN, DPI = 4.2, 2.4, 100
