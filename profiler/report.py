@@ -35,6 +35,22 @@ def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) ->
     apply_ceiling({p: r["uncertainty"] for p, r in results.items()})
 
 
+PRODUCERS_LIMIT = "producers limit: add --producers"
+
+
+def _ceiling(path: str, r: dict, results: dict[str, dict]) -> str:
+    """An --input-only figure: the path's ceiling where its own consumer limits it; a floor (`≥ N`) where its
+    producers do (the verdict's limiting stage), since more producers would raise it."""
+    from profiler.verdict import verdict
+
+    figure = _rate(r["images_per_sec"]["median"])
+    if path == BASELINE or r.get("model") == "emulated":
+        return figure
+    base = results.get(BASELINE)
+    v = r.get("verdict") or verdict(path, r, base["images_per_sec"]["median"] if base else None)
+    return f"≥ {figure} ({PRODUCERS_LIMIT})" if v.get("limiting_stage") == "producer" else figure
+
+
 def gpu_words(path: str, r: dict, base: dict | None) -> str | None:
     """A path's windows at other GPU clocks, power or throttling than the baseline's (profiler/gpu_state.py)."""
     mine = r.get("gpu_state")
@@ -82,7 +98,7 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
             reading = f"{reading}; {gpu}" if reading else gpu
         row = [
             path,
-            _rate(ips["median"]),
+            _ceiling(path, r, results) if input_only else _rate(ips["median"]),
             f"{_rate(lo)}–{_rate(hi)}",
             _rate(r["images_per_sec_per_device"]["median"]),
             f"{r['step_time_ms']['p50']:.0f} / {r['step_time_ms']['p90']:.0f}",

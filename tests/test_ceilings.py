@@ -1,0 +1,28 @@
+"""An --input-only figure is a path's ceiling only where its own consumer limits it; where its producers do, the
+table prints it as a floor and says how to raise it (the H200 run's 37,056 images/s for zmq-consume)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ROOT
+
+H200 = ROOT / "docs/gpu-runs/2026-11-26-h200/input_only.json"
+
+
+@pytest.mark.parametrize("keep_verdicts", [True, False])
+def test_a_producer_limited_input_only_figure_is_a_floor_not_a_ceiling(keep_verdicts):
+    from profiler.report import add_ratios, table
+
+    results = json.loads(H200.read_text())["paths"]
+    if not keep_verdicts:  # the table judges the limit itself, as it does before the verdicts are printed
+        for r in results.values():
+            r.pop("verdict", None)
+    add_ratios(results)
+    rows = {ln.split()[0]: ln for ln in table(results, 1, True).splitlines()[2:7]}
+    assert "≥ 37,056 (producers limit: add --producers)" in rows["zmq-consume"]
+    assert "≥ 37,129 (producers limit: add --producers)" in rows["python-queue"]
+    for path in ("gpu", "cpu", "python-dataset"):  # the baseline, and two paths their consumer limits
+        assert "≥" not in rows[path] and "producers limit" not in rows[path]
+    assert rows["python-dataset"].split()[1] == "17,754"
