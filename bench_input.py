@@ -169,6 +169,11 @@ def _add_producer_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("producers (for paths that read from producers)")
     g.add_argument("--producers", type=positive_int, default=2, help="how many producer processes the run starts")
     g.add_argument(
+        "--dataset-workers", type=positive_int, metavar="N",
+        help="PyTorch's python-dataset: DataLoader workers per rank, each fed by its share of the rank's producers "
+        "(default: one per producer of the rank; at most that many)",
+    )  # fmt: skip
+    g.add_argument(
         "--producer-kind", choices=KINDS, default="synthetic",
         help="what the producers send: random images, JPEGs decoded in Python, or a DALI pipeline",
     )  # fmt: skip
@@ -255,9 +260,10 @@ def _add_profiling_flags(p: argparse.ArgumentParser) -> None:
         help="write a trace of a few steps after the timed ones (TensorFlow profiler, or torch.profiler)",
     )
     g.add_argument(
-        "--interleave", type=non_negative_int, default=0, metavar="N",
+        "--interleave", type=non_negative_int, metavar="N",
         help="measure each path again in N short runs alternating with the baseline, for a ratio that a noisy "
-        "machine disturbs less (the median of the paired ratios)",
+        "machine disturbs less (the median of the paired ratios); default 3 where a GPU is used (a GPU that "
+        "warms up or slows down moves both sides), else 0; 0 turns it off",
     )  # fmt: skip
     g.add_argument(
         "--sweep", action="store_true",

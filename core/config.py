@@ -16,7 +16,10 @@ CPU_DEFAULTS = {"image_size": 64, "batch": 4, "warmup_steps": 2, "steps": 4, "re
 # An emulated device costs no host CPU, so its runs keep real image sizes even without a GPU; its
 # batch is chosen from the rate (see emulated_batch) so that a step lasts long enough to pace precisely.
 EMULATED_DEFAULTS = {"image_size": 224, "warmup_steps": 8, "steps": 24, "repeats": 3}
-EMULATED_STEP_S = 0.05  # the step time the default emulated batch aims at
+EMULATED_STEP_S = 0.05
+# On a GPU each path's ratio comes from this many (baseline, path) pairs of alternated runs: a GPU that warms up
+# or slows down between paths moves both sides of a ratio (docs/gpu.md); a capacity search probes instead.
+INTERLEAVE_GPU = 3  # the step time the default emulated batch aims at
 
 
 @dataclass
@@ -50,6 +53,7 @@ class BenchConfig:
     probe_warmup_s: float = 3.0  # --probe-warmup: a capacity probe's least warm-up at the demand, seconds
     probe_window_s: float = 1.5  # --probe-window: a capacity probe's least timed window, seconds
     producers: int = 2
+    dataset_workers: int | None = None  # PyTorch python-dataset's loader workers per rank (None: one per producer)
     producer_workers: int = 1
     producer_kind: str = "synthetic"  # synthetic, decode, dali, or loader (the user's own: --loader)
     loader: str | None = None  # --loader MODULE:CALLABLE (core/loader_spec.py)
@@ -76,9 +80,9 @@ class BenchConfig:
     profile_dir: str | None = None  # --profile: a trace of a few untimed steps per path (TensorFlow or torch.profiler)
     shrunk: dict[str, tuple] = field(default_factory=dict)
     quiet: bool = False  # no per-path progress lines (a capacity probe)
-    interleave: int = (
-        0  # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py)
-    )
+    # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py); None:
+    # INTERLEAVE_GPU where a GPU is used, else 0 (apply_defaults)
+    interleave: int | None = None
 
     @property
     def stand_in(self) -> bool:
@@ -113,6 +117,8 @@ def apply_defaults(cfg: BenchConfig, gpus: int) -> list[str]:
             setattr(cfg, key, value)
             if not has_gpu and GPU_DEFAULTS[key] != value and cfg.model != "emulated":
                 cfg.shrunk[key] = (GPU_DEFAULTS[key], value)
+    if cfg.interleave is None:
+        cfg.interleave = INTERLEAVE_GPU if has_gpu and not cfg.find_capacity else 0
     if cfg.num_gpus is None:
         # Every GPU: the multi-device trainer is the point. Without one, two CPU towers, so the
         # replicated / parameter-server code runs even on the 2-core reference machine.

@@ -3,7 +3,10 @@ from the producers, with `pin_memory`; each batch is copied to the device on a s
 batch's copy overlapping the current step, and its labels widened to int64 on the device.
 
 Each loader worker binds an endpoint of its own and is fed by its share of
-the rank's producers (one worker per producer). Batches carry their producer
+the rank's producers (producer k feeds worker k mod workers): `--dataset-workers`
+per rank, by default one per producer of the rank. The workers are the
+path's own setting, so a figure can be measured at any count of them, not
+only at the producers' count. Batches carry their producer
 id and sequence number, so the trainer keeps exact per-producer accounting of
 what reached it.
 """
@@ -27,7 +30,7 @@ from consumers.torch_half import (
     rank_producer_ids,
 )
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
-from core.errors import InputError
+from core.errors import ConfigError, InputError
 from core.registry import register
 from feeders.torch import SideCopy, as_tensor
 from frameworks.torch_trace import stage
@@ -75,7 +78,14 @@ class PythonDataset(ProducerFed):
     loader_iter = None
 
     def endpoints(self, ctx: RankContext) -> list[str]:
-        workers = len(rank_producer_ids(self.cfg.producers, ctx.rank, ctx.world))
+        """One endpoint per loader worker: --dataset-workers, else one per producer of the rank."""
+        producers = len(rank_producer_ids(self.cfg.producers, ctx.rank, ctx.world))
+        workers = self.cfg.dataset_workers or producers
+        if workers > producers:  # producer k feeds endpoint k mod workers: a worker beyond them would get nothing
+            raise ConfigError(
+                f"--dataset-workers {workers}: rank {ctx.rank} has {producers} producer(s) (--producers "
+                f"{self.cfg.producers} over {ctx.world} ranks); each worker needs one to feed it"
+            )
         return [ctx.endpoint(self.cfg, self.name, w) for w in range(workers)]
 
     def open(self, ctx: RankContext) -> None:
