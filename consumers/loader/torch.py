@@ -2,7 +2,9 @@
 
 A `DataLoader` is iterated as it is, with `pin_memory` turned on where the
 rank has a GPU (its own workers decode; its pin thread copies into pinned
-memory), and each batch goes to the device with a non-blocking copy. Any
+memory), and each batch goes to the device on a side stream through the
+feeder's `SideCopy` (the helper every other PyTorch path copies with), so
+the copy overlaps the previous step's work instead of queueing behind it. Any
 other loader (a Dataset, a tf.data.Dataset, a DataFlow, an iterable) runs
 on the pinned-memory, side-stream feeder of python-queue. Each rank builds
 its own copy with its own shard of the seed (`shard`, `num_shards` = rank,
@@ -30,7 +32,7 @@ from core.loader_spec import (
     worker_seed,
 )
 from core.registry import register
-from feeders.torch import Prefetcher, to_device
+from feeders.torch import Prefetcher, SideCopy
 from frameworks.torch_trace import stage
 
 
@@ -45,11 +47,13 @@ class UserLoader(TorchInputPath):
         seed = worker_seed(0, ctx.rank)
         offer = {"batch_size": cfg.batch, "image_size": cfg.image_size}
         self.prefetch, self.it, self.passes = None, None, []  # what close() stops, however far open() got
+        self.copier = None  # a GPU rank's side-stream copy of a DataLoader's batches
         obj = spec.build(seed, ctx.rank, ctx.world, offer, timeout=cfg.loader_timeout)
         kind = kind_of(obj)
         if kind == "dataloader":
             if ctx.device.type == "cuda":
                 obj.pin_memory = True  # read when the iterator is made
+                self.copier = SideCopy(ctx.device)
             # Its workers are forked from a rank that blocks SIGTERM in its threads: let them be stopped.
             prepare_dataloader(obj)
             self.batcher = Batcher(spec.name, cfg.batch, cfg.batch, cfg.image_size)
@@ -89,9 +93,9 @@ class UserLoader(TorchInputPath):
             raise self.batcher.fail(f"images {images.dtype}, labels {labels.dtype}: {exception_words(e)}") from None
         self.batcher.check(*as_numpy)
         self.batcher.count += 1
-        # From the pin thread's pinned tensors; the labels widened on the device, after the copy.
-        images, labels = to_device((images, labels), self.ctx.device)
-        return images, labels_of(labels)
+        if self.copier is not None:  # from the pin thread's pinned tensors, on the side stream
+            images, labels = self.copier.copy((images, labels))
+        return images, labels_of(labels)  # the labels widened on the device, after the copy
 
     def close(self) -> None:
         if self.prefetch is not None:
