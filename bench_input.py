@@ -75,9 +75,21 @@ def _add_path_flags(p: argparse.ArgumentParser, paths: dict) -> None:
     listing = "; ".join(f"{n}: {c.summary}" for n, c in paths.items())
     default_run = ", ".join(n for n, c in paths.items() if c.in_default_run)
     p.add_argument(
-        "--fake-location", choices=list(paths), metavar="PATH",
-        help=f"run this input path and the {BASELINE} baseline (default: {default_run}). Paths: {listing}",
+        "--fake-location", type=_path_list(list(paths)), metavar="PATH[,PATH...]",
+        help=f"run these input paths and the {BASELINE} baseline (default: {default_run}). Paths: {listing}",
     )  # fmt: skip
+
+
+def _path_list(known: list[str]):
+    """--fake-location's type: one path name or a comma list of them, each a known path (kept as given)."""
+
+    def checked(value: str) -> str:
+        for name in value.split(","):
+            if name.strip() not in known:
+                raise argparse.ArgumentTypeError(f"invalid choice: {name.strip()!r} (choose from {', '.join(known)})")
+        return value
+
+    return checked
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -391,7 +403,8 @@ def config_from(args, paths: dict):
     from core.registry import BASELINE
 
     if args.fake_location:
-        chosen = [BASELINE] + ([args.fake_location] if args.fake_location != BASELINE else [])
+        given = [p.strip() for p in args.fake_location.split(",")]
+        chosen = [BASELINE] + [p for p in dict.fromkeys(given) if p != BASELINE]
     else:
         chosen = [n for n, c in paths.items() if c.in_default_run]
     fields = {k: v for k, v in vars(args).items() if k in BenchConfig.__dataclass_fields__}

@@ -118,8 +118,8 @@ def from_args(args, cfg, sweep: bool) -> ClusterConfig | None:
         raise ConfigError("--sweep does not run on a cluster; sweep on one machine, or run each point as a cluster")
     if args.out:
         raise ConfigError("--out: a cluster run writes its report with --json (on the chief)")
-    if not args.fake_location:
-        raise ConfigError("a cluster run trains one input path: pass --fake-location")
+    if not args.fake_location or "," in args.fake_location:
+        raise ConfigError("a cluster run trains one input path: pass --fake-location with one")
     if args.local_cluster:
         workers, _ = parse_local_cluster(args.local_cluster)
         if args.job_name or args.task_index is not None or args.worker_hosts or args.ps_hosts:

@@ -1,0 +1,53 @@
+"""scripts/gpu_torch_run.sh fits its budget: each wanted step's cap is its share of it, and run.log starts with the
+code's commit; --fake-location takes the list of paths it measures (every default one but cpu)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "gpu_torch_run.sh"
+
+
+def caps(out, budget: int, steps: str) -> dict[str, int]:
+    """Run the script's cheapest steps (no trainer) and read each step's cap from its log."""
+    p = subprocess.run(["bash", str(SCRIPT), str(out), str(budget), steps], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHON": "true"})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    log = (out / "run.log").read_text()
+    return log, {m[0]: int(m[1]) for m in re.findall(r"^== (\S+) \(cap (\d+) s\)", log, re.M)}
+
+
+def test_run_log_starts_with_the_commit_measured(tmp_path):
+    log, _ = caps(tmp_path / "a", 60, "env")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert log.splitlines()[0].startswith(f"== code: feedbench {commit}")
+    assert (tmp_path / "a" / "results.tar.gz").exists()
+
+
+@pytest.mark.parametrize("budget", [60, 420])
+def test_the_wanted_steps_caps_add_up_to_the_budget_at_most(tmp_path, budget):
+    script = SCRIPT.read_text()
+    weights = dict(re.findall(r"\[([a-z-]+)\]=(\d+)", script.split("declare -A WEIGHTS=")[1].splitlines()[0]))
+    assert set(weights) == {"env", "bandwidth", "headline", "shm", "input-only", "check", "capacity"}
+    _, got = caps(tmp_path / "b", budget, "env,bandwidth")
+    assert set(got) == {"env", "bandwidth"} and sum(got.values()) <= budget - 10  # RESERVE_S for the last lines
+    total = sum(int(w) for w in weights.values())
+    # Every step at once (the default): the same shares of the whole budget, which the caps never exceed.
+    assert sum((budget - 10) * int(w) // total for w in weights.values()) <= budget - 10
+
+
+def test_fake_location_takes_a_list_of_paths_after_the_baseline():
+    from bench_input import config_from, parse_args
+    from consumers.declared import declared
+
+    choices = declared("torch")
+    args = parse_args(["--framework", "torch", "--fake-location", "python-queue,zmq-consume,gpu"], choices)
+    assert config_from(args, choices).paths == ["gpu", "python-queue", "zmq-consume"]
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="invalid choice: 'nope'"):
+        parse_args(["--fake-location", "python-queue,nope"], choices)
