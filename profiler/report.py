@@ -35,6 +35,25 @@ def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) ->
     apply_ceiling({p: r["uncertainty"] for p, r in results.items()})
 
 
+def _versus(path: str, r: dict, u: dict, results: dict[str, dict], base_bad: str | None) -> tuple[str, str]:
+    """The "vs gpu (interval)" and "reading" cells of a path's row."""
+    ratio = r.get("ratio_to_baseline")
+    if path == BASELINE:
+        vs = "baseline"
+    elif ratio is None:
+        vs = "n/a"
+    elif u["ratio"]:
+        vs = f"{ratio:.2f} ({u['ratio'][0]:.2f}–{u['ratio'][1]:.2f})"
+    else:
+        vs = f"{ratio:.2f}"
+    reading = "" if path == BASELINE else (u.get("reading") or "")
+    if base_bad and path != BASELINE:
+        return "n/a", "no ratio: the baseline is invalid"
+    if gpu := gpu_words(path, r, results.get(BASELINE)):  # the GPU's own state beside the ratio
+        reading = f"{reading}; {gpu}" if reading else gpu
+    return vs, reading
+
+
 PRODUCERS_LIMIT = "producers limit: add --producers"
 
 
@@ -76,26 +95,13 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
     base_bad = invalid_reason(results[BASELINE]) if BASELINE in results else None
     for path, r in results.items():
         ips = r["images_per_sec"]
-        ratio = r.get("ratio_to_baseline")
         u = r.get("uncertainty") or uncertainty(r, results.get(BASELINE), is_baseline=path == BASELINE)
         lo, hi = u["images_per_sec"]
         methods[u["method"]] = True
         if bad := invalid_reason(r):  # a model that does not train gives no figure
             rows.append([path, "no figure", "", "", "", "n/a", invalid_words(bad)] + ([""] if input_only else []))
             continue
-        if path == BASELINE:
-            vs = "baseline"
-        elif ratio is None:
-            vs = "n/a"
-        elif u["ratio"]:
-            vs = f"{ratio:.2f} ({u['ratio'][0]:.2f}–{u['ratio'][1]:.2f})"
-        else:
-            vs = f"{ratio:.2f}"
-        reading = "" if path == BASELINE else (u.get("reading") or "")
-        if base_bad and path != BASELINE:
-            vs, reading = "n/a", "no ratio: the baseline is invalid"
-        elif gpu := gpu_words(path, r, results.get(BASELINE)):  # the GPU's own state beside the ratio
-            reading = f"{reading}; {gpu}" if reading else gpu
+        vs, reading = _versus(path, r, u, results, base_bad)
         row = [
             path,
             _ceiling(path, r, results) if input_only else _rate(ips["median"]),
