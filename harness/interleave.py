@@ -24,11 +24,14 @@ def alternate(run_one: Callable[[BenchConfig, str], dict], cfg: BenchConfig, pat
     one = replace(cfg, repeats=1, json_path=None, profile_dir=None, quiet=True)
     base, mine, ratios = [], [], []
     for i in range(pairs):
-        order = (BASELINE, path) if i % 2 == 0 else (path, BASELINE)
-        got = {p: run_one(one, p)["images_per_sec"]["median"] for p in order}
-        base.append(got[BASELINE])
-        mine.append(got[path])
-        ratios.append(got[path] / got[BASELINE] if got[BASELINE] > 0 else 0.0)
+        # By position, not by name: `path` may be the baseline itself (benchmarks/interleave_self.py).
+        first, second = (
+            run_one(one, p)["images_per_sec"]["median"] for p in ((BASELINE, path) if i % 2 == 0 else (path, BASELINE))
+        )
+        b, m = (first, second) if i % 2 == 0 else (second, first)
+        base.append(b)
+        mine.append(m)
+        ratios.append(m / b if b > 0 else 0.0)
     return {
         "method": "alternating runs",
         "pairs": pairs,

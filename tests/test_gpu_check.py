@@ -97,15 +97,33 @@ def test_figures_in_bounds_pass():
     assert figure_problems("PyTorch", results, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)") == []
 
 
-def test_a_baseline_a_path_beats_beyond_its_interval_fails():
+def test_a_baseline_a_path_beats_beyond_their_alternated_runs_interval_fails():
     from benchmarks.gpu_check import figure_problems
 
-    results = {"gpu": result([3000, 3010, 2990]), "python-queue": result([3500, 3510, 3490], wait=0.0)}
+    beaten = result([3500, 3510, 3490], wait=0.0)
+    beaten["interleaved"] = {"pairs": 3, "images_per_sec": [3500, 3510, 3490], "baseline_images_per_sec": [3000] * 3}
+    results = {"gpu": result([3000, 3010, 2990]), "python-queue": beaten}
     (line,) = figure_problems("TensorFlow", results, "GPU 0: NVIDIA H100 80GB HBM3")
     assert line.startswith(
-        "TensorFlow: the gpu baseline ran slower than python-queue beyond its interval and the 1% drift between "
-        "paths (ratio 1.1"
+        "TensorFlow: the gpu baseline ran slower than python-queue beyond the interval of their alternated runs "
+        "(ratio 1.1"
     ), line
+
+
+def test_a_drift_between_runs_one_after_another_is_not_taken_for_a_broken_baseline():
+    """The H200 run of docs/gpu.md: the fed paths, run after the baseline, 0.4-0.6% above it beyond their window
+    intervals; in alternated runs the same machine's drift moves both sides, so it needs no tolerance."""
+    from benchmarks.gpu_check import figure_problems
+
+    drifted = result([3015, 3016, 3017], wait=0.0)
+    results = {"gpu": result([3000, 3001, 2999]), "python-queue": drifted}
+    assert figure_problems("PyTorch", results, "NVIDIA H200") == []
+    drifted["interleaved"] = {
+        "pairs": 3,
+        "images_per_sec": [3015, 3001, 3016],
+        "baseline_images_per_sec": [3000, 3001, 3017],
+    }
+    assert figure_problems("PyTorch", results, "NVIDIA H200") == []
 
 
 def test_a_baseline_far_below_the_gpus_published_rate_fails():
@@ -174,3 +192,17 @@ def test_make_gpu_check_fails_where_torch_cannot_see_the_drivers_gpus(unseen_gpu
     assert p.returncode == 1, p.stdout
     assert p.stdout.splitlines()[-1] == "gpu-check: failed: tf placement, torch, tf"
     assert "gpu-check (PyTorch): this machine has 2 NVIDIA GPU(s) but torch sees none: NVIDIA driver 550" in p.stdout
+
+
+def test_on_a_gpu_each_ratio_comes_from_alternated_runs_by_default():
+    from core.config import INTERLEAVE_GPU, BenchConfig, apply_defaults
+
+    def interleave(gpus: int, **kw) -> int:
+        cfg = BenchConfig(paths=["gpu", "cpu"], **kw)
+        apply_defaults(cfg, gpus)
+        return cfg.interleave
+
+    assert interleave(1) == INTERLEAVE_GPU == 3
+    assert interleave(0) == 0  # CPU towers: runs one after another, as before
+    assert interleave(1, interleave=0) == 0 and interleave(0, interleave=2) == 2  # the flag wins
+    assert interleave(1, find_capacity=True, model="emulated") == 0  # a capacity search probes instead
