@@ -63,9 +63,8 @@ def build(cfg: BenchConfig, device, world: int):
     if cfg.use_fp16:
         amp = torch.float16 if device.type == "cuda" else torch.bfloat16
         if amp is torch.float16 and not cfg.stand_in:  # a stand-in's scalar needs no loss scaling
-            scaler = torch.amp.GradScaler(
-                "cuda", init_scale=INITIAL_SCALE
-            )  # float16 needs loss scaling; bfloat16 has float32's range
+            # float16 needs loss scaling; bfloat16 has float32's range.
+            scaler = torch.amp.GradScaler("cuda", init_scale=INITIAL_SCALE)
     return model, opt, scaler, amp
 
 
