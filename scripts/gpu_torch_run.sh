@@ -13,8 +13,8 @@
 # images on the step's own thread: 0.25 of the baseline on an H200, docs/gpu.md) is left out of the
 # headline, input-only and capacity runs; the check still trains it.
 # It needs only torch (with CUDA), torchvision, numpy, msgpack, psutil, pyzmq and nvidia-ml-py: no
-# TensorFlow, no DALI. SMALL=1 shrinks every run (batch 8, 64x64, few steps) to try the script on a
-# machine without a GPU.
+# TensorFlow, no DALI. SMALL=1 shrinks every run (batch 8, 64x64, few steps, an emulated device for the
+# ResNet-50 runs) to try the script on a machine without a GPU.
 set -u
 OUT=${1:?usage: gpu_torch_run.sh OUT_DIR [BUDGET_S] [STEPS]}
 BUDGET=${2:-420}
@@ -27,7 +27,7 @@ END=$(($(date +%s) + BUDGET))
 export PYTHONUNBUFFERED=1
 RESERVE_S=10  # the last lines: what was left behind, the archive
 # Each step's share of the budget (the capacity search and the headline's alternated runs take the most).
-declare -A WEIGHTS=([env]=2 [bandwidth]=3 [headline]=24 [shm]=10 [input-only]=10 [check]=15 [capacity]=36)
+declare -A WEIGHTS=([env]=4 [bandwidth]=4 [headline]=23 [shm]=10 [input-only]=10 [check]=14 [capacity]=35)
 FED=python-queue,python-dataset,zmq-consume  # the paths measured: every default one but cpu
 
 # The ResNet-50 runs: 1 GPU, batch 256, mixed precision, channels-last, 8 producer processes.
@@ -36,9 +36,11 @@ MODEL=(--framework torch --num-gpus 1 --batch 256 --use-fp16 --data-format NHWC 
 CHECK=(--use-fp16)
 BW=(--mb 1,8,39,256 --repeats 7)
 CAPACITY=(--framework torch --find-capacity --emulate H100 --capacity-probes 3 --capacity-tries 0 --fake-location "$FED")
+EMULATED=()  # the ResNet-50 runs' model: the real one
 if [ "${SMALL:-0}" = 1 ]; then
     MODEL=(--framework torch --num-gpus 1 --batch 8 --image-size 64 --producers 2
            --warmup-steps 2 --steps 4 --repeats 3)
+    EMULATED=(--emulate-rate 400)  # ResNet-50 on a few CPU cores would take its steps' minutes: an emulated device
     CHECK=(--batch 8 --image-size 64 --warmup-steps 2 --steps 3 --repeats 2)
     BW=(--mb 1,8 --repeats 3)
 fi
@@ -59,13 +61,13 @@ step() {
     local cap=$(cap "$name")
     local left=$((END - $(date +%s)))
     ((cap > left)) && cap=$left
-    if ((cap < 15)); then
+    if ((cap < 10)); then
         echo "== $name: skipped, out of time" | tee -a "$LOG"
         return 0
     fi
     echo "== $name (cap ${cap} s): $*" | tee -a "$LOG"
     local t0=$(date +%s)
-    timeout -s INT --kill-after=10 "$((cap - 10))" "$@" 2>&1 | tee -a "$LOG"  # stopped by its cap, killed at it
+    timeout -s INT --kill-after=5 "$((cap - 5))" "$@" 2>&1 | tee -a "$LOG"  # stopped before its cap, killed at it
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc after $(($(date +%s) - t0)) s" | tee -a "$LOG"
 }
@@ -94,8 +96,9 @@ stamp
 export -f env_report; export PY
 step env bash -c env_report
 step bandwidth "$PY" -m harness.torch.bandwidth "${BW[@]}"
-step headline "$PY" bench_input.py "${MODEL[@]}" --fake-location "$FED" --json "$OUT/headline.json"
-step shm "$PY" bench_input.py "${MODEL[@]}" --fake-location zmq-consume --transport shm --json "$OUT/shm.json"
+step headline "$PY" bench_input.py "${MODEL[@]}" "${EMULATED[@]}" --fake-location "$FED" --json "$OUT/headline.json"
+step shm "$PY" bench_input.py "${MODEL[@]}" "${EMULATED[@]}" --fake-location zmq-consume --transport shm \
+    --json "$OUT/shm.json"
 step input-only "$PY" bench_input.py "${MODEL[@]}" --fake-location "$FED" --input-only --json "$OUT/input_only.json"
 step check "$PY" -m harness.torch.gpu_check "${CHECK[@]}" \
     --paths gpu,cpu,python-queue,python-dataset,zmq-consume,zmq-consume-shm --json "$OUT/check.json"
