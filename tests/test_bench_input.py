@@ -58,6 +58,7 @@ def test_every_path_trains_resnet50_with_finite_loss(path):
     r = run_path(small(num_gpus=1), path, has_gpu=False)
     assert r["steps_run"] >= 3
     assert r["loss_finite"] and math.isfinite(r["final_loss"]) and r["final_loss"] > 0
+    assert r["training"]["invalid"] is None and all(w["loss_finite"] for w in r["training"]["windows"])
     assert r["images_per_sec"]["median"] > 0
 
 

@@ -64,6 +64,7 @@ def test_every_path_trains_two_ranks_with_finite_loss(every_path, path):
     assert [p["rank"] for p in r["ranks"]] == [0, 1]
     assert r["steps_run"] == NEEDED and r["batches_trained"] == 2 * NEEDED
     assert r["loss_finite"] and math.isfinite(r["final_loss"]) and r["final_loss"] > 0
+    assert r["training"]["invalid"] is None and all(w["loss_finite"] for w in r["training"]["windows"])
     assert r["images_per_sec"]["median"] > 0
     assert r["images_per_sec_per_device"]["median"] == pytest.approx(r["images_per_sec"]["median"] / 2)
     tel = r["telemetry"]
