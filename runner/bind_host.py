@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 from core.errors import ConfigError, FeedbenchError
+from core.native_flags import compile_flags, link_flags
 
 SOURCE = Path(__file__).resolve().parent / "native" / "bind_host.c"
 ENV_HOST = "FEEDBENCH_BIND_HOST"
@@ -108,11 +109,16 @@ def _cache_dir() -> Path:
     return _private(d, "the cache folder")
 
 
+def library_name() -> str:
+    """The built shim's file name: a new one for each source and flags it is built from."""
+    made_of = SOURCE.read_bytes() + " ".join(compile_flags() + link_flags()).encode()
+    return f"bind_host-{hashlib.sha256(made_of).hexdigest()[:16]}.so"
+
+
 def library() -> str:
     """The built shim (built now if this source has not been built yet); ConfigError without a C compiler."""
-    source = SOURCE.read_bytes()
     d = _cache_dir()
-    lib = d / f"bind_host-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    lib = d / library_name()
     if lib.exists():
         return str(_private(lib, "the library"))
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -127,8 +133,11 @@ def library() -> str:
             return str(_private(lib, "the library"))
         tmp = d / f".bind_host-{os.getpid()}.so"
         out = subprocess.run(
-            [cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl"], capture_output=True, text=True
-        )
+            [cc, "-O2", *compile_flags(), "-Werror", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl",
+             *link_flags()],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
         if out.returncode != 0:
             with contextlib.suppress(OSError):
                 tmp.unlink()

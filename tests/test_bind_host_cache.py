@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pwd
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.bind_host import SOURCE
+from runner.bind_host import library_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +26,7 @@ def library_in(cache: Path) -> subprocess.CompletedProcess:
 def planted(folder: Path) -> Path:
     """A 'library' at the name the shim is built under, as another user would put it there in advance."""
     folder.mkdir(parents=True, exist_ok=True)
-    lib = folder / f"bind_host-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]}.so"
+    lib = folder / library_name()
     lib.write_bytes(b"not the shim")
     return lib
 
