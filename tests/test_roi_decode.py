@@ -372,11 +372,15 @@ def test_truncated_progressive_file_is_refused_with_a_crop_at_its_top(progressiv
         dec.decode(denom, (0, 4), (0, 10))
 
 
-def test_progressive_rows_below_the_crop_are_not_decoded_yet_the_crop_is_exact(progressive):
-    rng, dec, whole = random.Random(3), RoiDecoder(), RoiDecoder()
-    for _ in range(60):
-        kind, denom, fast = rng.choice(sorted(progressive)), rng.choice([1, 2, 4, 8]), rng.random() < 0.7
-        data = progressive[kind]
+def shortcuts_match_whole_decodes(
+    files: dict[str, bytes], rng: random.Random, crops: int, fast_share: float
+) -> tuple[RoiDecoder, RoiDecoder]:
+    """Random crops of the files at random scales: the decode with its shortcuts is the whole decode's
+    pixels; the two decoders used (with the shortcuts, without)."""
+    dec, whole = RoiDecoder(), RoiDecoder()
+    for _ in range(crops):
+        kind, denom, fast = rng.choice(sorted(files)), rng.choice([1, 2, 4, 8]), rng.random() < fast_share
+        data = files[kind]
         hd = dec.header(data)
         h, w = -(-hd.height // denom), -(-hd.width // denom)
         y0, x0 = rng.randrange(h), rng.randrange(w)
@@ -387,6 +391,11 @@ def test_progressive_rows_below_the_crop_are_not_decoded_yet_the_crop_is_exact(p
         np.testing.assert_array_equal(
             got, want, err_msg=f"{kind} at 1/{denom} (fast={fast}), rows {rows}, columns {cols}"
         )
+    return dec, whole
+
+
+def test_progressive_rows_below_the_crop_are_not_decoded_yet_the_crop_is_exact(progressive):
+    dec, whole = shortcuts_match_whole_decodes(progressive, random.Random(3), 60, fast_share=0.7)
     assert dec.skipped_rows > 0 and whole.skipped_rows == 0
     # A run of 1-bits (no Huffman code) near the end of every scan is never read for a crop at the top.
     data = progressive["444"]
@@ -464,21 +473,10 @@ def test_progressive_file_without_its_ac_scans_decodes_the_same_with_the_shortcu
     # libjpeg estimates the AC coefficients that were never sent from the neighbouring blocks (block
     # smoothing): a crop that reads DC scans alone or leaves rows below out would differ, so the shortcuts
     # are not taken for such a file.
-    rng, dec, whole = random.Random(5), RoiDecoder(), RoiDecoder()
     files = {kind: without_ac_scans(data) for kind, data in progressive.items()}
     for kind, data in files.items():
         assert [s[1] for s in scans(data)] == [0] * len(scans(data)), kind
-    for _ in range(40):
-        kind, denom, fast = rng.choice(sorted(files)), rng.choice([1, 2, 4, 8]), rng.random() < 0.5
-        data = files[kind]
-        hd = dec.header(data)
-        h, w = -(-hd.height // denom), -(-hd.width // denom)
-        y0, x0 = rng.randrange(h), rng.randrange(w)
-        rows, cols = (y0, rng.randrange(y0 + 1, h + 1)), (x0, rng.randrange(x0 + 1, w + 1))
-        got = dec.decode(denom, rows, cols, fast)
-        whole.header(data)
-        want = whole.decode(denom, rows, cols, fast, shortcuts=False)
-        np.testing.assert_array_equal(got, want, err_msg=f"{kind} at 1/{denom}, rows {rows}, columns {cols}")
+    shortcuts_match_whole_decodes(files, random.Random(5), 40, fast_share=0.5)
 
 
 def scan_bomb(data: bytes, repeats: int) -> bytes:
