@@ -20,7 +20,7 @@ TIMING_ARGS ?= -n0 --durations=10
 # imports both frameworks for nothing.
 TIMING_FILES := $(shell grep -l "mark\.timing" tests/test_*.py)
 
-.PHONY: install op bench test gpu-check lint fuzz soak clean
+.PHONY: install op bench test gpu-check lint fuzz fuzz-asan soak clean
 
 install: $(STAMP) op
 
@@ -48,6 +48,13 @@ test: install
 # On a machine with GPUs: placement, bandwidth and a short run of both trainers (docs/gpu.md).
 gpu-check: install
 	$(PY) -m benchmarks.gpu_check
+
+# The native code (ROI decoder, wire decoders, receiver) fuzzed under AddressSanitizer and
+# UndefinedBehaviorSanitizer for FUZZ_SECONDS per target (scripts/fuzz_native.py builds its own sanitized
+# fuzzers into build/fuzz-asan/). Needs .venv but does not reinstall it.
+FUZZ_SECONDS ?= 60
+fuzz-asan:
+	$(PY) scripts/fuzz_native.py --seconds $(FUZZ_SECONDS)
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

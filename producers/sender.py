@@ -8,7 +8,11 @@ inside each native header, so the run can name the slow stage.
 
 from __future__ import annotations
 
+import fcntl
 import math
+import struct
+import sys
+import termios
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -149,32 +153,63 @@ class _Peers:
         self.monitor = monitor
         self.count = 0  # consumers connected now
         self.left = 0  # disconnects so far
+        self.fds: set[int] = set()  # the connections' sockets (a monitor event's value)
 
     def update(self) -> _Peers:
         while self.monitor.poll(0):
-            if recv_monitor_message(self.monitor)["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+            event = recv_monitor_message(self.monitor)
+            if event["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
                 self.count += 1
+                self.fds.add(int(event["value"]))
             else:
                 self.count -= 1
                 self.left += 1
+                self.fds.discard(int(event["value"]))
         return self
 
+    def unread(self) -> int:
+        """Bytes sent on the connections that their consumers have not read yet (SIOCOUTQ)."""
+        total = 0
+        for fd in self.fds:
+            try:
+                total += struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0]
+            except OSError:  # closed since its last event: nothing left to read there
+                continue
+        return total
 
-def _wait_for_consumer_to_leave(peers: _Peers, should_stop: Callable[[], bool], give_up_after: float) -> None:
-    """After the last batch, stay until every consumer has disconnected (or we are stopped).
 
-    libzmq can drop messages still in flight when the sending peer goes away
-    while the receiver is at its high-water mark, so a producer that exits
-    right after its last send may lose the tail of its stream. Waiting for the
-    consumer to hang up first keeps `--count` exact. `peers` has seen every
-    connect and disconnect since the socket was made, so a consumer that is
-    already gone is not waited for.
+def _wait_for_delivery(peers: _Peers, cfg: SendConfig, should_stop: Callable[[], bool]) -> None:
+    """After the last batch, stay until the consumers have read every byte sent (or left, or we are stopped).
+
+    libzmq's receiving side drops the bytes still queued in the kernel when
+    the sender hangs up while the receiver is at its high-water mark (its
+    I/O thread has stopped reading, and the hang-up ends the connection):
+    over ipc:// a producer that exits right after its last send loses the
+    tail of its stream. So a producer leaves only once its connections'
+    send queues are empty. shm:// waits for the consumer to leave: a slot
+    message of a producer that has gone is dropped (its region is retired).
+    `--give-up-after` bounds a wait with no progress; what was not delivered
+    then is named on stderr.
     """
-    deadline = _deadline(give_up_after)
+    deadline = _deadline(cfg.give_up_after)
+    unread = last = -1
     while not should_stop() and time.monotonic() < deadline:
         if peers.update().count <= 0:
             return
-        peers.monitor.poll(100)
+        if not shm.is_shm(cfg.endpoint):
+            unread = peers.unread()
+            if unread == 0:
+                return
+            if unread != last:  # the consumer is reading: give it another --give-up-after
+                deadline, last = _deadline(cfg.give_up_after), unread
+        peers.monitor.poll(20)
+    if unread > 0 and not should_stop():
+        print(
+            f"producer {cfg.producer_id}: {cfg.endpoint}: the consumer read nothing for {cfg.give_up_after:g} s "
+            f"(--give-up-after); {unread} bytes of the last batches sent were not delivered",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _patience(cfg: SendConfig, seq: int) -> float | None:
@@ -414,5 +449,5 @@ def _stream(
             counters.add(images, nbytes, t3 - t2, t1 - t0)
         if should_stop():
             return DONE
-    _wait_for_consumer_to_leave(peers, should_stop, cfg.give_up_after)
+    _wait_for_delivery(peers, cfg, should_stop)
     return DONE

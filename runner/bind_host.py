@@ -27,12 +27,14 @@ import ipaddress
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from core.errors import ConfigError, FeedbenchError
+from core.native_flags import compile_flags, link_flags
 
 SOURCE = Path(__file__).resolve().parent / "native" / "bind_host.c"
 ENV_HOST = "FEEDBENCH_BIND_HOST"
@@ -74,27 +76,51 @@ def check_address(flag: str, host_port: str, allow_remote: bool) -> str:
     return address
 
 
+def _private(path: Path, what: str) -> Path:
+    """`path` itself (not a link) owned by this user and writable by no one else; ConfigError otherwise.
+
+    The library built there is preloaded into every cluster task: a folder or a file another user can
+    write (a /tmp/feedbench-UID made in advance, say) would let them plant code that runs as this user.
+    """
+    st = path.lstat()
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif st.st_uid != os.getuid():
+        problem = f"belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if problem:
+        raise ConfigError(f"{what} {path} {problem}: refusing to preload a library from it into the cluster's tasks")
+    return path
+
+
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     d = Path(base) / "feedbench"
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
         if os.access(d, os.W_OK):
-            return d
+            return _private(d, "the cache folder")
     except OSError:
         pass
     d = Path(tempfile.gettempdir()) / f"feedbench-{os.getuid()}"
     d.mkdir(mode=0o700, exist_ok=True)
-    return d
+    return _private(d, "the cache folder")
+
+
+def library_name() -> str:
+    """The built shim's file name: a new one for each source and flags it is built from."""
+    made_of = SOURCE.read_bytes() + " ".join(compile_flags() + link_flags()).encode()
+    return f"bind_host-{hashlib.sha256(made_of).hexdigest()[:16]}.so"
 
 
 def library() -> str:
     """The built shim (built now if this source has not been built yet); ConfigError without a C compiler."""
-    source = SOURCE.read_bytes()
     d = _cache_dir()
-    lib = d / f"bind_host-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    lib = d / library_name()
     if lib.exists():
-        return str(lib)
+        return str(_private(lib, "the library"))
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise ConfigError(
@@ -104,11 +130,14 @@ def library() -> str:
     with open(d / "bind_host.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # several tasks start at once: one builds, the others wait for it
         if lib.exists():
-            return str(lib)
+            return str(_private(lib, "the library"))
         tmp = d / f".bind_host-{os.getpid()}.so"
         out = subprocess.run(
-            [cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl"], capture_output=True, text=True
-        )
+            [cc, "-O2", *compile_flags(), "-Werror", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl",
+             *link_flags()],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
         if out.returncode != 0:
             with contextlib.suppress(OSError):
                 tmp.unlink()

@@ -372,11 +372,15 @@ def test_truncated_progressive_file_is_refused_with_a_crop_at_its_top(progressiv
         dec.decode(denom, (0, 4), (0, 10))
 
 
-def test_progressive_rows_below_the_crop_are_not_decoded_yet_the_crop_is_exact(progressive):
-    rng, dec, whole = random.Random(3), RoiDecoder(), RoiDecoder()
-    for _ in range(60):
-        kind, denom, fast = rng.choice(sorted(progressive)), rng.choice([1, 2, 4, 8]), rng.random() < 0.7
-        data = progressive[kind]
+def shortcuts_match_whole_decodes(
+    files: dict[str, bytes], rng: random.Random, crops: int, fast_share: float
+) -> tuple[RoiDecoder, RoiDecoder]:
+    """Random crops of the files at random scales: the decode with its shortcuts is the whole decode's
+    pixels; the two decoders used (with the shortcuts, without)."""
+    dec, whole = RoiDecoder(), RoiDecoder()
+    for _ in range(crops):
+        kind, denom, fast = rng.choice(sorted(files)), rng.choice([1, 2, 4, 8]), rng.random() < fast_share
+        data = files[kind]
         hd = dec.header(data)
         h, w = -(-hd.height // denom), -(-hd.width // denom)
         y0, x0 = rng.randrange(h), rng.randrange(w)
@@ -387,6 +391,11 @@ def test_progressive_rows_below_the_crop_are_not_decoded_yet_the_crop_is_exact(p
         np.testing.assert_array_equal(
             got, want, err_msg=f"{kind} at 1/{denom} (fast={fast}), rows {rows}, columns {cols}"
         )
+    return dec, whole
+
+
+def test_progressive_rows_below_the_crop_are_not_decoded_yet_the_crop_is_exact(progressive):
+    dec, whole = shortcuts_match_whole_decodes(progressive, random.Random(3), 60, fast_share=0.7)
     assert dec.skipped_rows > 0 and whole.skipped_rows == 0
     # A run of 1-bits (no Huffman code) near the end of every scan is never read for a crop at the top.
     data = progressive["444"]
@@ -437,3 +446,76 @@ def test_crop_shrunk_two_to_four_times_along_one_axis_is_antialiased(photos):
     decoders._shrink_into(photo, out)
     cv2.resize(photo, (224, 224), dst=area, interpolation=cv2.INTER_AREA)
     assert np.abs(out.astype(int) - area).mean() < 2
+
+
+def segments(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each marker segment of a JPEG after its start-of-image marker, a scan's with its
+    entropy-coded data, up to its end-of-image marker."""
+    found, i = [], 2
+    while data[i + 1] != 0xD9:
+        end = i + 2 + (data[i + 2] << 8 | data[i + 3])
+        if data[i + 1] == 0xDA:
+            end = next(
+                j for j in range(end, len(data) - 1) if data[j] == 0xFF and data[j + 1] not in (0, *range(0xD0, 0xD8))
+            )
+        found.append((i, end))
+        i = end
+    return found
+
+
+def without_ac_scans(data: bytes) -> bytes:
+    """`data` as if its AC scans had never been sent: its DC scans alone."""
+    keep = [data[a:b] for a, b in segments(data) if data[a + 1] != 0xDA or data[a + 5 + 2 * data[a + 4]] == 0]
+    return data[:2] + b"".join(keep) + b"\xff\xd9"
+
+
+def test_progressive_file_without_its_ac_scans_decodes_the_same_with_the_shortcuts(progressive):
+    # libjpeg estimates the AC coefficients that were never sent from the neighbouring blocks (block
+    # smoothing): a crop that reads DC scans alone or leaves rows below out would differ, so the shortcuts
+    # are not taken for such a file.
+    files = {kind: without_ac_scans(data) for kind, data in progressive.items()}
+    for kind, data in files.items():
+        assert [s[1] for s in scans(data)] == [0] * len(scans(data)), kind
+    shortcuts_match_whole_decodes(files, random.Random(5), 40, fast_share=0.5)
+
+
+def scan_bomb(data: bytes, repeats: int) -> bytes:
+    """A progressive file of `repeats` identical AC scans, which libjpeg accepts: a grey file's DC scan and
+    first AC scan (coefficients 1..5), then its scan of coefficients 6..63 made final (Al = 0) again and again."""
+    segs = segments(data)
+    sos = [(a, b) for a, b in segs if data[a + 1] == 0xDA]
+    a, b = sos[2]
+    scan = bytearray(data[a:b])
+    scan[7 + 2 * scan[4]] = 0x00  # Ah/Al
+    return data[:a] + bytes(scan) * repeats + b"\xff\xd9"
+
+
+def test_scan_bomb_is_refused_before_it_is_decoded(progressive):
+    data = progressive["grey"]
+    assert [s[1] for s in scans(data)][:3] == [0, 1, 6]  # libjpeg's grey script: DC, AC 1-5, AC 6-63
+    dec = RoiDecoder()
+    ok = scan_bomb(data, 20)
+    assert len([1 for a, _ in segments(ok) if ok[a + 1] == 0xDA]) == 22
+    hd = dec.header(ok)
+    assert dec.decode(1, (0, hd.height), (0, hd.width)).shape == (hd.height, hd.width, 3)
+    bomb = scan_bomb(data, 2000)
+    dec.header(bomb)
+    with pytest.raises(RoiDecodeError, match=r"JPEG has 2002 scans, more than 100 \(a scan bomb\?\): refused"):
+        dec.decode(1, (0, 8), (0, 8))
+    # where the scans cannot be counted up front (a stream that does not parse to its end), the 101st stops it
+    dec.header(bomb[:-2] + b"\x00\x00")
+    with pytest.raises(RoiDecodeError, match="more than 100 scans"):
+        dec.decode(1, (0, 8), (0, 8))
+
+
+def test_producer_counts_the_scan_bomb_as_bad_with_its_name(procs, ipc_dir, tmp_path, photos, progressive):
+    data = tmp_path / "ds"
+    shutil.copytree(photos / "n00000000", data / "a")
+    (data / "a" / "bomb.jpg").write_bytes(scan_bomb(progressive["grey"], 2000))
+    endpoint = f"ipc://{ipc_dir}/feed"
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        p = procs.start(*producer_command("decode", endpoint, 6, 64, str(data), 1, count=3)[1:])
+        batches = [c.recv() for _ in range(3)]
+    assert p.wait(60) == 0
+    assert batches[-1].header.extras["bad_files"] == 1
+    assert "bomb.jpg: JPEG has 2002 scans, more than 100 (a scan bomb?): refused" in p.stderr.read()

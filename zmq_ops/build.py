@@ -35,6 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script (`python zmq_ops/build.py`) or loaded by its path
+    sys.path.insert(0, str(HERE.parent))
+from core.native_flags import compile_flags, link_flags  # noqa: E402  (after the path is set)
+
+FLAGS_FILE = HERE.parent / "core" / "native_flags.py"  # a change to the flags rebuilds too
+
 SRC = HERE / "src"
 LIBRARY = HERE / ("_zmq_ops" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 RECEIVER = HERE / "libfeedbench_receiver.so"
@@ -117,7 +123,7 @@ def up_to_date(tf_version: str | None = None, spec: NativeLibrary | None = None)
     tf_version = tf_version or _installed_tf_version()
     if tf_version is None or not spec.library.exists():
         return False
-    newest = max(p.stat().st_mtime for p in [*spec.sources(), Path(__file__), spec.script])
+    newest = max(p.stat().st_mtime for p in [*spec.sources(), Path(__file__), spec.script, FLAGS_FILE])
     return spec.library.stat().st_mtime >= newest and built_stamp(spec.library, spec.stamp_mark) == _stamp(tf_version)
 
 
@@ -148,6 +154,8 @@ def _tf_flags() -> tuple[str, list[str], list[str]]:
     if proc.returncode != 0:
         raise BuildError(f"cannot import TensorFlow to get its build flags:\n{proc.stderr.strip()[-2000:]}")
     version, cflags, lflags = json.loads(proc.stdout.strip().splitlines()[-1])
+    # TensorFlow's headers as system headers: -Wall -Wextra speak of this project's code, not of theirs
+    cflags = ["-isystem" + f[2:] if f.startswith("-I") else f for f in cflags]
     return version, cflags, lflags
 
 
@@ -195,7 +203,7 @@ def build_library(spec: NativeLibrary, force: bool = False, verbose: bool = True
             "-std=c++17",
             "-O2",
             "-fPIC",
-            "-Wall",
+            *compile_flags(),
             "-Wno-sign-compare",
             *tf_cflags,
             *extra_cflags,
@@ -205,7 +213,8 @@ def build_library(spec: NativeLibrary, force: bool = False, verbose: bool = True
         with tempfile.TemporaryDirectory(prefix=f"{spec.label}_build_") as tmp:
             objects = _compile(cxx, flags, sources, Path(tmp), spec.label)
             out = Path(tmp) / spec.library.name
-            link = [cxx, "-shared", *map(str, objects), "-o", str(out), *tf_lflags, *extra_libs, "-Wl,--no-undefined"]
+            link = [cxx, "-shared", *map(str, objects), "-o", str(out), *tf_lflags, *extra_libs, *link_flags(),
+                    "-Wl,--no-undefined"]  # fmt: skip
             proc = subprocess.run(link, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise BuildError(f"linking the {spec.label} op failed:\n{proc.stdout}{proc.stderr}".strip())
@@ -253,7 +262,7 @@ def _bundled_zmq() -> tuple[list[str], list[str]]:
 def receiver_up_to_date() -> bool:
     if not RECEIVER.exists():
         return False
-    newest = max(p.stat().st_mtime for p in [*_sources(RECEIVER_SOURCES), Path(__file__)])
+    newest = max(p.stat().st_mtime for p in [*_sources(RECEIVER_SOURCES), Path(__file__), FLAGS_FILE])
     return RECEIVER.stat().st_mtime >= newest
 
 
@@ -270,12 +279,12 @@ def build_receiver(force: bool = False, verbose: bool = True) -> Path:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if not force and receiver_up_to_date():
             return RECEIVER
-        flags = ["-std=c++17", "-O2", "-fPIC", "-Wall", "-Wno-sign-compare", "-pthread", *zmq_cflags]
+        flags = ["-std=c++17", "-O2", "-fPIC", *compile_flags(), "-Wno-sign-compare", "-pthread", *zmq_cflags]
         sources = [SRC / n for n in RECEIVER_SOURCES if (SRC / n).exists()]
         with tempfile.TemporaryDirectory(prefix="fb_receiver_build_") as tmp:
             objects = _compile(cxx, flags, sources, Path(tmp), "receiver")
             out = Path(tmp) / RECEIVER.name
-            link = [cxx, "-shared", "-pthread", *map(str, objects), "-o", str(out), *zmq_libs, "-lrt",
+            link = [cxx, "-shared", "-pthread", *map(str, objects), "-o", str(out), *zmq_libs, "-lrt", *link_flags(),
                     "-Wl,--no-undefined"]  # fmt: skip
             proc = subprocess.run(link, capture_output=True, text=True)
             if proc.returncode != 0:

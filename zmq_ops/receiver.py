@@ -83,6 +83,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.fb_receiver_release.argtypes = [c_p, c_int, c_char_p, ctypes.c_size_t]
     lib.fb_receiver_stats.restype = c_int
     lib.fb_receiver_stats.argtypes = [c_p, ctypes.POINTER(c_i64), c_int, ctypes.POINTER(c_i64)]
+    lib.fb_receiver_bad.restype = c_i64
+    lib.fb_receiver_bad.argtypes = [c_p]
     lib.fb_receiver_stop.argtypes = [c_p]
     lib.fb_receiver_close.argtypes = [c_p]
     return lib
@@ -272,6 +274,13 @@ class Receiver:
         """(producer rows as in producers(), messages, bytes) accepted so far."""
         rows, totals = self._stats()
         return rows, totals[0], totals[1]
+
+    def bad_messages(self) -> int:
+        """Malformed or mismatched messages (and receive errors) met so far; next() reports those since its
+        last report as one BatchError, after any good batch that is ready."""
+        if not self._handle:
+            raise RuntimeError(f"receiver for {self.endpoint} is closed")
+        return int(self._lib.fb_receiver_bad(self._handle))
 
     def _stats(self) -> tuple[list[tuple[int, ...]], tuple[int, int]]:
         if not self._handle:

@@ -56,9 +56,11 @@ void CopyOut(char* dst, const char* src, size_t n, int dtype) {
 class Receiver {
  public:
   enum SlotState { kFree, kFilling, kReady, kHeld };
-  struct Ready {
-    int slot = -1;
-    std::string error;
+  // Bad messages (and receive errors) since next() last reported them: a count and the last one's words, so
+  // a flood of malformed messages costs no memory per message and never queues ahead of a good batch.
+  struct Errors {
+    int64_t count = 0;
+    std::string last;
   };
 
   // Zero-copy: what a ring slot holds instead of a copy.
@@ -110,7 +112,7 @@ class Receiver {
              " are held: release a batch (or drop its arrays) before asking for the next, or open more slots";
       return -2;
     }
-    auto have = [this] { return stopping_ || !ready_.empty(); };
+    auto have = [this] { return stopping_ || !ready_.empty() || errors_.count > 0; };
     if (timeout_ms < 0) {
       cv_ready_.wait(lock, have);
     } else if (!cv_ready_.wait_for(lock, std::chrono::milliseconds(timeout_ms), have)) {
@@ -119,18 +121,26 @@ class Receiver {
       if (!auth.empty()) *err += "; " + auth;
       return -1;
     }
-    if (ready_.empty()) {
-      *err = "receiver for " + conn_.options().end_point + " is closed";
-      return -3;
+    if (!ready_.empty()) {  // a good batch first, however many bad ones came before it
+      const int slot = ready_.front();
+      ready_.pop_front();
+      state_[slot] = kHeld;
+      return slot;
     }
-    Ready r = std::move(ready_.front());
-    ready_.pop_front();
-    if (r.slot < 0) {
-      *err = r.error;
+    if (errors_.count > 0) {
+      *err = errors_.count > 1 ? std::to_string(errors_.count) + " bad messages; the last: " + errors_.last
+                               : errors_.last;
+      errors_ = Errors();
       return -2;
     }
-    state_[r.slot] = kHeld;
-    return r.slot;
+    *err = "receiver for " + conn_.options().end_point + " is closed";
+    return -3;
+  }
+
+  // Bad messages (and receive errors) so far.
+  int64_t bad() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bad_;
   }
 
   bool Release(int slot, std::string* err) {
@@ -172,15 +182,19 @@ class Receiver {
     return slot;
   }
 
-  void Finish(int slot, std::string error) {
+  // `slot` filled (no error), or back to the free slots with `error` counted; `closed`: neither.
+  void Finish(int slot, std::string error, bool closed = false) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!error.empty()) {
+    if (!error.empty() || closed) {
       state_[slot] = kFree;
       free_.push_front(slot);
-      ready_.push_back({-1, std::move(error)});
+      if (closed) return;
+      bad_ += 1;
+      errors_.count += 1;
+      errors_.last = std::move(error);
     } else {
       state_[slot] = kReady;
-      ready_.push_back({slot, ""});
+      ready_.push_back(slot);
     }
     cv_ready_.notify_one();
   }
@@ -195,7 +209,7 @@ class Receiver {
         Status s = conn_.Receive(msg.get(), stopping, kSliceMs);
         if (s.code == Code::kDeadlineExceeded) continue;
         if (s.code == Code::kCancelled) {
-          Finish(slot, "receiver for " + conn_.options().end_point + " is closed");
+          Finish(slot, "", true);
           return;
         }
         if (!s.ok()) {
@@ -271,7 +285,9 @@ class Receiver {
   std::mutex mu_;
   std::condition_variable cv_free_, cv_ready_;
   std::deque<int> free_;
-  std::deque<Ready> ready_;
+  std::deque<int> ready_;  // filled slots, in arrival order
+  Errors errors_;
+  int64_t bad_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };
@@ -401,6 +417,9 @@ __attribute__((visibility("default"))) int fb_receiver_stats(void* h, int64_t* r
 
 // Wakes every waiter (next() returns -3); call before fb_receiver_close when
 // another thread may be inside next().
+// Bad messages (and receive errors) the receiver has met so far, reported or not.
+__attribute__((visibility("default"))) int64_t fb_receiver_bad(void* h) { return static_cast<Receiver*>(h)->bad(); }
+
 __attribute__((visibility("default"))) void fb_receiver_stop(void* h) { static_cast<Receiver*>(h)->Stop(); }
 
 __attribute__((visibility("default"))) void fb_receiver_close(void* h) { delete static_cast<Receiver*>(h); }

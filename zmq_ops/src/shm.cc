@@ -137,6 +137,11 @@ bool SlotReader::AllTaken(uint32_t* slots) {
   return *slots > 0;
 }
 
+void SlotReader::Poll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DrainHandovers();
+}
+
 bool SlotReader::Retired(const std::string& region) {
   std::lock_guard<std::mutex> lock(mu_);
   return retired_.count(region) != 0;

@@ -136,6 +136,11 @@ class SlotReader {
   // its own pid). False with `err` (e.g. another consumer has NAME).
   bool Listen(const std::string& end_point, std::string* err);
 
+  // Accepts what waits on the hand-over socket without waiting: other users'
+  // connections are closed, this user's hand-overs kept for Map(). Called
+  // from the receive loop, so nobody can hold the socket's backlog full.
+  void Poll();
+
   // True for a region this reader unmapped because its producer exited or
   // moved on: its slot messages carry batches nobody can read any more.
   bool Retired(const std::string& region);

@@ -295,6 +295,11 @@ bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeH
                 "header declares " + std::to_string(n) + " tensors but " + std::to_string(total_frames - 1) +
                     " data frames arrived");
   }
+  if (frames.size() < n + 1) {  // the receiver keeps every frame a valid message can have; never trust it
+    return Fail(err, "frames",
+                "header declares " + std::to_string(n) + " tensors but only " + std::to_string(frames.size()) +
+                    " frames were kept");
+  }
   for (size_t i = 0; i < n; ++i) {
     TensorView& t = (*out)[i];
     const Frame& f = frames[i + 1];

@@ -120,13 +120,17 @@ constexpr int kHandshakeAuth = 0x4000;
 void SeqTracker::Add(uint32_t producer_id, uint64_t seq) {
   ProducerCount& c = producers_[producer_id];
   c.received += 1;
-  if (c.joined_at < 0) {
+  if (!c.joined) {
     // where this consumer joined the stream: earlier batches went elsewhere
-    c.joined_at = static_cast<int64_t>(seq);
+    c.joined = true;
+    c.joined_at = seq;
   } else if (seq == c.next_seq) {
     // in order
   } else if (seq > c.next_seq) {
-    c.lost += static_cast<int64_t>(seq - c.next_seq);
+    // a gap of up to 2^64 - 1 from a hostile peer: the count saturates instead of overflowing
+    const uint64_t gap = seq - c.next_seq;
+    const uint64_t room = static_cast<uint64_t>(INT64_MAX - c.lost);
+    c.lost = gap > room ? INT64_MAX : c.lost + static_cast<int64_t>(gap);
   } else if (seq == 0) {
     c.restarts += 1;
   } else {
@@ -477,8 +481,10 @@ Status Connection::Receive(Message* msg, const std::function<bool()>& cancelled,
   std::lock_guard<std::timed_mutex> lock(socket_mu_, std::adopt_lock);
 
   int64_t starved_since = -1;
+  const bool shm = shm::IsShmEndpoint(options_.end_point);
   while (true) {
     FB_RETURN_IF_ERROR(StopReason(cancelled, deadline_ms, timeout_ms));
+    if (shm) slots_.Poll();  // other users' connections to the hand-over socket are closed as they come
     uint32_t held = 0;
     if (slots_.AllTaken(&held)) {
       if (starved_since < 0) starved_since = NowMs();

@@ -66,8 +66,9 @@ struct ConnectionOptions {
 // joined (not loss), then a jump is loss, a repeat a duplicate, a fresh 0 a
 // restarted producer. Not thread-safe; Connection guards it.
 struct ProducerCount {
-  int64_t received = 0, lost = 0, duplicated = 0, restarts = 0;
-  int64_t joined_at = -1;  // first seq seen; -1 before any
+  int64_t received = 0, lost = 0, duplicated = 0, restarts = 0;  // lost saturates at INT64_MAX
+  bool joined = false;     // a seq has been seen (any of 0 .. 2^64 - 1)
+  uint64_t joined_at = 0;  // the first seq seen
   uint64_t next_seq = 0;
 };
 

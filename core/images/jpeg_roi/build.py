@@ -18,6 +18,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+if str(ROOT) not in sys.path:  # run as a script: `python core/images/jpeg_roi/build.py`
+    sys.path.insert(0, str(ROOT))
+from core.native_flags import compile_flags, link_flags  # noqa: E402  (after the path is set)
+
 SOURCE = HERE / "roi_decode.c"
 LIBRARY = HERE / "libfeedbench_jpeg_roi.so"
 HEADER = Path("/usr/include/jpeglib.h")
@@ -32,7 +37,8 @@ def up_to_date() -> bool:
     """Whether the built library is newer than its source and this script."""
     if not LIBRARY.exists():
         return False
-    return LIBRARY.stat().st_mtime >= max(SOURCE.stat().st_mtime, Path(__file__).stat().st_mtime)
+    flags = ROOT / "core" / "native_flags.py"
+    return LIBRARY.stat().st_mtime >= max(SOURCE.stat().st_mtime, Path(__file__).stat().st_mtime, flags.stat().st_mtime)
 
 
 def build(force: bool = False, verbose: bool = True) -> Path:
@@ -50,7 +56,8 @@ def build(force: bool = False, verbose: bool = True) -> Path:
         if not force and up_to_date():
             return LIBRARY
         staged = LIBRARY.with_name(f".{LIBRARY.name}.{os.getpid()}.tmp")
-        cmd = [cc, "-O2", "-Wall", "-fPIC", "-shared", "-o", str(staged), str(SOURCE), "-ljpeg", "-Wl,--no-undefined"]
+        cmd = [cc, "-O2", *compile_flags(), "-Werror", "-fPIC", "-shared", "-o", str(staged), str(SOURCE), "-ljpeg",
+               *link_flags(), "-Wl,--no-undefined"]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             staged.unlink(missing_ok=True)

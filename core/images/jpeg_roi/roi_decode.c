@@ -28,6 +28,11 @@
 #define ROI_DC_SCANS 2 /* flags: decode a progressive file at 1/8 scale from its DC scans alone */
 #define ROI_SKIP_BELOW 4 /* flags: in a multi-scan file, skip each scan's rows below the crop */
 #define ROI_ROWS_PER_CALL 64 /* more than an iMCU row of any scale (at most 16 rows) */
+/* At most this many scans in a file, as djpeg -maxscans bounds them: libjpeg entropy-decodes every scan of a
+ * progressive file whatever the crop, so a "scan bomb" (one AC scan repeated thousands of times in a few
+ * hundred KB) would cost seconds of CPU per file. Encoders write about 10 (libjpeg's progressive script) and
+ * at most a few dozen (mozjpeg's optimised scans). */
+#define ROI_MAX_SCANS 100
 
 typedef struct {
   struct jpeg_error_mgr pub;
@@ -47,6 +52,7 @@ typedef struct {
   struct jpeg_progress_mgr progress; /* called between iMCU rows while a multi-scan file is read */
   JDIMENSION stop_row;               /* iMCU rows of each scan the crop needs */
   int skipped_scan;                  /* the last scan whose rows below stop_row were skipped */
+  int skip_below;                    /* the progress monitor skips rows below stop_row (ROI_SKIP_BELOW) */
   long skipped_rows;                 /* iMCU rows skipped so far (for tests) */
   char message[JMSG_LENGTH_MAX + 64];
 } roi_ctx;
@@ -176,17 +182,42 @@ static void set_output(struct jpeg_decompress_struct *ci, int denom, int fast) {
   jpeg_calc_output_dimensions(ci);
 }
 
-/* The end of the entropy-coded data starting at d[j]: the next marker (0xFF, then neither 0x00 nor a restart
- * marker nor another 0xFF fill byte), or 0 when the data ends first. */
+#define NO_MARKER ((size_t)-1)
+
+/* The end of the entropy-coded data starting at d[j]: the offset of the next marker (0xFF, then neither 0x00
+ * nor a restart marker nor another 0xFF fill byte), which may be j itself, or NO_MARKER when the data ends
+ * first. */
 static size_t scan_end(const unsigned char *d, size_t n, size_t j) {
   for (;;) {
     const unsigned char *f = j < n ? memchr(d + j, 0xFF, n - j) : NULL;
-    if (!f || (size_t)(f - d) + 1 >= n) return 0;
+    if (!f || (size_t)(f - d) + 1 >= n) return NO_MARKER;
     j = (size_t)(f - d);
     unsigned char b = d[j + 1];
     if (b != 0x00 && b != 0xFF && (b < 0xD0 || b > 0xD7)) return j;
     j += b == 0xFF ? 1 : 2;
   }
+}
+
+/* The segment at d[*at] after any fill bytes: its marker in *m and its length in *seg (an SOS's with its
+ * entropy-coded data), *at moved to it. 1 for a segment, 2 at the end-of-image marker, 0 where the stream
+ * does not parse. */
+static int next_segment(const unsigned char *d, size_t n, size_t *at, unsigned char *m, size_t *seg) {
+  size_t i = *at;
+  while (i + 1 < n && d[i] == 0xFF && d[i + 1] == 0xFF) i++; /* fill bytes */
+  *at = i;
+  if (i + 1 >= n || d[i] != 0xFF) return 0;
+  *m = d[i + 1];
+  if (*m == 0xD9) return 2;
+  if (i + 4 > n || (*m >= 0xD0 && *m <= 0xD8) || *m == 0x01 || *m == 0x00) return 0; /* no segment here */
+  *seg = 2 + ((size_t)d[i + 2] << 8 | d[i + 3]);
+  if (*seg < 4 || i + *seg > n) return 0;
+  if (*m == 0xDA) { /* SOS: Ns, Ns (component, tables) pairs, Ss, Se, Ah/Al; then the entropy-coded data */
+    if (i + 5 + 2 * (size_t)d[i + 4] + 2 >= i + *seg) return 0;
+    size_t end = scan_end(d, n, i + *seg);
+    if (end == NO_MARKER) return 0;
+    *seg = end - i;
+  }
+  return 1;
 }
 
 /* Copy a progressive JPEG into `out` (at least n bytes) without the AC scans (spectral selection starting
@@ -195,31 +226,56 @@ static size_t scan_end(const unsigned char *d, size_t n, size_t j) {
  * luma, and the chroma too unless subsampled) uses its DC coefficient alone, so its DC scans give the same
  * pixels as the whole file, without entropy-decoding its AC scans (most of the file and of the time). */
 static size_t dc_scans(const unsigned char *d, size_t n, const unsigned char *dc_only, unsigned char *out) {
-  size_t i = 2, o = 2;
+  size_t i = 2, o = 2, seg = 0;
+  unsigned char m = 0;
   memcpy(out, d, 2);
   for (;;) {
-    while (i + 1 < n && d[i] == 0xFF && d[i + 1] == 0xFF) i++; /* fill bytes */
-    if (i + 1 >= n || d[i] != 0xFF) return 0;
-    unsigned char m = d[i + 1];
-    if (m == 0xD9) {
+    int got = next_segment(d, n, &i, &m, &seg);
+    if (got == 0) return 0;
+    if (got == 2) {
       out[o] = 0xFF, out[o + 1] = 0xD9;
       return o + 2;
     }
-    if (i + 4 > n || (m >= 0xD0 && m <= 0xD8) || m == 0x01 || m == 0x00) return 0; /* no segment here */
-    size_t seg = 2 + ((size_t)d[i + 2] << 8 | d[i + 3]);
-    if (seg < 4 || i + seg > n) return 0;
     int keep = 1;
-    if (m == 0xDA) { /* SOS: Ns, Ns (component, tables) pairs, Ss, Se, Ah/Al; then the entropy-coded data */
+    if (m == 0xDA) {
       size_t ss = i + 5 + 2 * (size_t)d[i + 4];
-      size_t end = scan_end(d, n, i + seg);
-      if (ss >= i + seg || !end) return 0;
       keep = d[ss] == 0;
       for (size_t k = i + 5; k < ss; k += 2) keep |= !dc_only[d[k]];
-      seg = end - i;
     }
     if (keep) memcpy(out + o, d + i, seg), o += seg;
     i += seg;
   }
+}
+
+/* What the scans of a multi-scan file hold, from its SOS headers: how many there are, and whether every
+ * component's coefficients 0..9 reach full precision (a scan with Al = 0 covers them). Where they do not (AC
+ * scans never sent, a refinement missing), libjpeg's block smoothing estimates them from the neighbouring
+ * blocks, so the whole decode differs from the shortcuts' (which leave rows out or read DC scans alone).
+ * Returns 0 where the stream does not parse. */
+#define ROI_SMOOTHED_COEFS 10 /* libjpeg-turbo 2.1's smoothing reads coefficients 0..9 */
+static int scan_census(const unsigned char *d, size_t n, const struct jpeg_decompress_struct *ci, int *scans,
+                       int *complete) {
+  unsigned short sent[256] = {0}; /* per component id: bit k set once coefficient k has all its bits */
+  size_t i = 2, seg = 0;
+  unsigned char m = 0;
+  *scans = 0;
+  for (;;) {
+    int got = next_segment(d, n, &i, &m, &seg);
+    if (got == 0) return 0;
+    if (got == 2) break;
+    if (m == 0xDA) {
+      size_t ss = i + 5 + 2 * (size_t)d[i + 4];
+      unsigned se = d[ss + 1], al = d[ss + 2] & 15;
+      *scans += 1;
+      for (unsigned k = d[ss]; al == 0 && k <= se && k < ROI_SMOOTHED_COEFS; k++)
+        for (size_t c = i + 5; c < ss; c += 2) sent[d[c]] |= (unsigned short)(1u << k);
+    }
+    i += seg;
+  }
+  *complete = 1;
+  for (int c = 0; c < ci->num_components; c++)
+    if (sent[ci->comp_info[c].component_id & 0xFF] != (1u << ROI_SMOOTHED_COEFS) - 1) *complete = 0;
+  return 1;
 }
 
 /* For a progressive file decoded at 1/8: restart the decompressor without the AC scans of the components that
@@ -262,7 +318,7 @@ static void skip_rest_of_scan(j_common_ptr c) {
     return;
   if (!ci->unread_marker) { /* else the decoder has already read up to the scan's end */
     size_t end = scan_end(ci->src->next_input_byte, ci->src->bytes_in_buffer, 0);
-    if (!end) return;
+    if (end == NO_MARKER) return; /* (0: the scan's last bytes are already in the decoder's bit buffer) */
     ci->src->next_input_byte += end;
     ci->src->bytes_in_buffer -= end;
   }
@@ -271,17 +327,58 @@ static void skip_rest_of_scan(j_common_ptr c) {
   ctx->skipped_rows += ci->total_iMCU_rows - ci->input_iMCU_row;
 }
 
+/* The progress monitor of a multi-scan file: refuses the file at its (ROI_MAX_SCANS + 1)th scan (the census
+ * of roi_decode() refuses it before any decoding where the stream parses), then skips rows below the crop. */
+static void on_progress(j_common_ptr c) {
+  roi_ctx *ctx = (roi_ctx *)c->client_data;
+  if (ctx->cinfo.input_scan_number > ROI_MAX_SCANS) {
+    snprintf(ctx->message, sizeof(ctx->message), "JPEG has more than %d scans (a scan bomb?): refused",
+             ROI_MAX_SCANS);
+    longjmp(ctx->err.jump, 1);
+  }
+  if (ctx->skip_below) skip_rest_of_scan(c);
+}
+
+/* Before a multi-scan file is decoded: refuse one with more than ROI_MAX_SCANS scans (-1), and turn the
+ * shortcuts off where block smoothing would make the whole decode differ from them (scan_census); the flags
+ * to decode with. */
+static int check_scans(roi_ctx *ctx, int flags) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  int scans = 0, complete = 0;
+  if (scan_census(ctx->data, ctx->size, ci, &scans, &complete) && scans > ROI_MAX_SCANS) {
+    snprintf(ctx->message, sizeof(ctx->message), "JPEG has %d scans, more than %d (a scan bomb?): refused", scans,
+             ROI_MAX_SCANS);
+    return -1;
+  }
+  if (!complete) flags &= ~(ROI_DC_SCANS | ROI_SKIP_BELOW);
+  ctx->skip_below = (flags & ROI_SKIP_BELOW) != 0;
+  ctx->progress.progress_monitor = on_progress;
+  ci->progress = &ctx->progress;
+  return flags;
+}
+
 long roi_skipped_rows(roi_ctx *ctx) { return ctx->skipped_rows; }
+
+static int decode_crop(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned char *out, long stride,
+                       long capacity, int flags, int *got, double *times, double t0);
 
 /* Decode rows [y0, y1) and columns [x0, x1) of the image scaled by 1/denom into `out`
  * (RGB, rows `stride` bytes apart, `capacity` bytes). The columns decoded start at
  * got[0] (<= x0) and are got[1] wide; times: header-to-start, skip, rows (seconds). */
 int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned char *out, long stride,
                long capacity, int flags, int *got, double *times) {
-  struct jpeg_decompress_struct *ci = &ctx->cinfo;
   if (!ctx->has_header) return fail(ctx, "no header read");
-  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
   double t0 = now();
+  /* no libjpeg call fails in the state roi_header() leaves */
+  if (jpeg_has_multiple_scans(&ctx->cinfo)) flags = check_scans(ctx, flags);
+  if (flags < 0) return fail(ctx, NULL);
+  return decode_crop(ctx, denom, y0, y1, x0, x1, out, stride, capacity, flags, got, times, t0);
+}
+
+static int decode_crop(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned char *out, long stride,
+                       long capacity, int flags, int *got, double *times, double t0) {
+  struct jpeg_decompress_struct *ci = &ctx->cinfo;
+  if (setjmp(ctx->err.jump)) return fail(ctx, NULL);
   set_output(ci, denom, flags & ROI_FAST);
   if ((flags & ROI_DC_SCANS) && denom == 8 && ci->progressive_mode && use_dc_scans(ctx))
     set_output(ci, denom, flags & ROI_FAST);
@@ -306,8 +403,6 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
     JDIMENSION imcu = (JDIMENSION)(ci->max_v_samp_factor * ci->min_DCT_scaled_size);
     ctx->stop_row = (JDIMENSION)(y1 - 1) / imcu + 2;
     ctx->skipped_scan = -1;
-    ctx->progress.progress_monitor = skip_rest_of_scan;
-    ci->progress = &ctx->progress;
   }
   /* a progressive file is entropy-decoded here: the rows the crop needs of each scan (of its DC scans alone
    * at 1/8 scale) */
@@ -345,7 +440,7 @@ int roi_decode(roi_ctx *ctx, int denom, int y0, int y1, int x0, int x1, unsigned
  * before a bilinear resize of a crop shrunk 2x or more along an axis, at a fraction of INTER_AREA's cost. */
 void roi_halve(const unsigned char *src, long src_stride, int rows, int cols, int fy, int fx, unsigned char *dst,
                long dst_stride) {
-  int out_rows = (rows + fy - 1) / fy, out_cols = (cols + fx - 1) / fx;
+  int out_rows = (rows + fy - 1) / fy;
   for (int r = 0; r < out_rows; r++) {
     const unsigned char *a = src + (long)r * fy * src_stride;
     const unsigned char *b = fy == 2 && r * 2 + 1 < rows ? a + src_stride : a;
