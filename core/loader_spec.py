@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from core import loader_settings, loader_start
+from core import loader_processes, loader_settings, loader_start
 from core.errors import FeedbenchError
 
 DEFAULT_TIMEOUT = 60.0  # seconds a loader may take for one batch (the first included) before it is called hung
@@ -200,10 +200,14 @@ class LoaderSpec:
         has not returned after that many seconds is a LoaderError (it runs on
         a helper thread, inside `context()` where given: a TensorFlow graph).
         """
-        if timeout is None:
-            return self._build(seed, worker, num_workers, offer)
-        what = "importing and calling it"
-        return within(timeout, self.name, what, lambda: self._build(seed, worker, num_workers, offer), context)
+        before = loader_processes.snapshot()
+        try:
+            if timeout is None:
+                return self._build(seed, worker, num_workers, offer)
+            what = "importing and calling it"
+            return within(timeout, self.name, what, lambda: self._build(seed, worker, num_workers, offer), context)
+        finally:
+            loader_processes.note_built(before)  # the processes the callable started (a cache server)
 
     def _build(self, seed: int, worker: int, num_workers: int, offer: dict | None) -> Any:
         fn = self.resolve()
@@ -777,6 +781,7 @@ def stop_children(keep: set[int]) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     mine = [p for p in mp.active_children() if p.pid not in keep]
+    loader_processes.note_stopping([p.pid for p in mine])
     for p in mine:
         p.terminate()
     for p in mine:

@@ -29,9 +29,9 @@ from multiprocessing.context import BaseContext
 
 import psutil
 
-from core import loader_start
+from core import loader_processes, loader_start
 from core.errors import ConfigError, FeedbenchError
-from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches, worker_seed
+from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, allow_children, batches, worker_seed
 from producers import parent
 from producers.launcher import stop_workers
 from profiler.cpu import tree_cpu_seconds, tree_rss_bytes
@@ -73,12 +73,17 @@ def worker_counts(max_workers: int) -> list[int]:
 def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
     """A worker process's frame around `body`: it dies with its parent, and says the loader's error in one line.
 
-    It exits without finalising: a hung loader's thread must not hold the exit.
+    The loader may start processes of its own (core/loader_processes.py): this process adopts them, stops
+    every one still running when `body` is done, and sends ("left", [...]) naming those the loader's callable
+    started. It exits without finalising: a hung loader's thread must not hold the exit.
     """
     parent.die_with_parent(signal.SIGTERM)
+    os.setpgid(0, 0)  # a group of its own: what it starts is stopped with it even once it was killed (stop_trees)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     loader_start.in_child()
+    loader_processes.adopt_orphans()
+    allow_children()  # multiprocessing refuses children to a daemonic process
     try:
         body()
     except FeedbenchError as e:
@@ -86,9 +91,29 @@ def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
     except Exception as e:
         status.send(("error", f"loader {name}: {type(e).__name__}: {e}"))
     finally:
+        left = loader_processes.stop_all()
+        with contextlib.suppress(OSError):
+            if left:
+                status.send(("left", left))
         status.close()
     release_queues()
     os._exit(0)
+
+
+_said: set[str] = set()
+
+
+def say_left(name: str, left: list[str]) -> None:
+    """One line for the processes a loader's callable started and left running (stopped since), once per run."""
+    words = "; ".join(w for w in left if w.partition(" (")[2] not in _said)
+    _said.update(w.partition(" (")[2] for w in left)
+    if words:
+        print(
+            f"note: loader {name}: its callable started processes that were still running when the loader was "
+            f"done: {words}; feedbench stopped them (a training loop that makes this loader leaves them running)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def release_queues(timeout: float = 2.0) -> None:
@@ -156,7 +181,7 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
     procs, readers = [], []
 
     def stop_all() -> None:
-        stop_trees(procs, readers, stop)
+        stop_trees(procs, readers, stop, opts.spec.name)
 
     shutdown.register(stop_all)  # Ctrl-C or SIGTERM: the workers stop their loaders (DataLoader workers too)
     try:
@@ -196,18 +221,37 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
         stop_all()
 
 
-def stop_trees(procs: list, readers: list[Connection], stop) -> None:
-    """stop_workers, then whatever the workers' loaders started that outlived them.
+def stop_trees(procs: list, readers: list[Connection], stop, name: str) -> None:
+    """stop_workers, then whatever the workers' loaders started that outlived them; says what the loader `name`
+    left running (each worker's "left" message, core/loader_processes.py).
 
-    A worker that was killed (it did not stop its loader within the grace) leaves its loader's own
-    processes behind where they do not watch their parent (a DataFlow's MultiProcessRunnerZMQ without
-    python-prctl); they are killed here, by the identity psutil took of them before.
+    A worker that was killed (by the user, or here: it did not stop its loader within the grace) leaves its
+    loader's own processes behind, orphaned: a DataLoader's workers, which notice only seconds later and fail
+    once the run's TMPDIR is gone, or a DataFlow's MultiProcessRunnerZMQ without python-prctl, which never
+    does. Each worker leads a process group of its own (`in_worker`) that they are in: they are killed with
+    it, first thing, so that nothing of theirs is printed after the one line that says what happened; and
+    those psutil saw below a worker that was still running are killed too.
     """
+    for p in procs:
+        if p.pid is not None and not p.is_alive():  # it was killed: its group is all that is left of it
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGKILL)
     kids = []
     for p in procs:
         with contextlib.suppress(psutil.Error, ValueError):
             kids += psutil.Process(p.pid).children(recursive=True)
-    stop_workers(procs, readers, stop)
+    stop_workers(procs, [], stop)
+    for p in procs:
+        if p.pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGKILL)
+    for r in readers:
+        with contextlib.suppress(EOFError, OSError):
+            while r.poll(0):
+                kind, body = r.recv()
+                if kind == "left":
+                    say_left(name, body)
+        r.close()
     for k in kids:
         with contextlib.suppress(psutil.Error):
             k.kill()
@@ -286,6 +330,9 @@ def _check_workers(opts: Options, procs: list, readers: list[Connection]) -> Non
             kind, text = r.recv()
         except (EOFError, OSError):
             readers.remove(r)
+            continue
+        if kind == "left":
+            say_left(opts.spec.name, text)
             continue
         raise LoaderError(text)
     for i, p in enumerate(procs):
@@ -424,14 +471,75 @@ def _measure_all(args, spec: LoaderSpec, opts: Options, counts: list[int], timel
             lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True),
             timeline,
         )  # fmt: skip
-    return rows, None if args.no_stages else stage_timing(spec, opts.timeout)
+        return rows, None if args.no_stages else stage_timing(spec, opts.timeout)
 
 
 def stage_timing(spec: LoaderSpec, timeout: float) -> dict:
-    """Where a sample's time goes (core/loader_stages.py); a sample that fails stops only this, said in its note."""
-    from core.loader_stages import profile
-
+    """Where a sample's time goes (core/loader_stages.py), in a fresh process (what the loader starts is stopped
+    with it); a sample that fails stops only this, said in its note."""
     try:
-        return profile(spec, seed=0, timeout=timeout)
+        return in_fresh_process(spec.name, "the per-stage timing's process", _stages, spec, timeout)
     except LoaderError as e:  # the measured figures stand; the table says why there are no stages
         return {"loader": spec.name, "stages": [], "note": f"per-stage timing stopped: {e}"}
+
+
+def _stages(spec: LoaderSpec, timeout: float) -> dict:
+    from core.loader_stages import profile
+
+    return profile(spec, seed=0, timeout=timeout)
+
+
+def _one_shot(name: str, status: Connection, fn: Callable, args: tuple) -> None:
+    """A fresh loader process that sends ("result", fn(*args)), then ("done", {})."""
+
+    def body() -> None:
+        status.send(("result", fn(*args)))
+        status.send(("done", {}))
+
+    in_worker(name, status, body)
+
+
+def in_fresh_process(name: str, what: str, fn: Callable, *args):
+    """`fn(*args)` in a fresh process of the loader's (`in_worker`), never in the run's own: the processes a
+    loader starts there are found and stopped with it. Its error, or its death, is a LoaderError naming `what`."""
+    ctx = loader_start.context()
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_one_shot, args=(name, writer, fn, args), daemon=True)
+    stop = ctx.RawValue("b", 0)
+
+    def stop_all() -> None:
+        stop_trees([proc], [reader], stop, name)
+
+    shutdown.register(stop_all)
+    try:
+        proc.start()
+        writer.close()
+        for kind, body in messages(name, proc, reader, what):
+            if kind == "result":
+                return body
+        raise LoaderError(f"loader {name}: {what} ended without a result")
+    finally:
+        shutdown.unregister(stop_all)
+        stop_all()
+
+
+def messages(name: str, proc, reader: Connection, what: str = "the epoch process") -> Iterator[tuple[str, dict]]:
+    """A loader process's messages until it is done; its error, or its death, as a LoaderError."""
+    while True:
+        if not reader.poll(0.1):
+            if not proc.is_alive():
+                raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})")
+            continue
+        try:
+            kind, body = reader.recv()
+        except (EOFError, OSError):
+            proc.join(5)
+            raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})") from None
+        if kind == "error":
+            raise LoaderError(body)
+        if kind == "done":
+            return
+        if kind == "left":
+            say_left(name, body)
+            continue
+        yield kind, body
