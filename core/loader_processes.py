@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing as mp
+import signal
+import threading
 
 import psutil
 
@@ -60,6 +62,8 @@ def note_stopping(pids: list[int]) -> None:
 def stop_all(grace: float = 2.0) -> list[str]:
     """Stop every process still below this one (SIGTERM, then SIGKILL after `grace` s); the words of the ones the
     loader's callable started and left running, found here or by an earlier `note_stopping`."""
+    if threading.current_thread() is threading.main_thread():  # a DataLoader's SIGCHLD handler raises at its
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # workers' ends (core/loader_spec.py stop_children)
     procs = descendants()
     note_stopping([p.pid for p in procs])
     for p in procs:

@@ -442,7 +442,7 @@ def passes(
     """What begins one pass (an epoch) over the loader: each call starts a new pass and returns its iterator.
 
     A re-iterable object (a DataLoader, a tf.data.Dataset, a DataFlow, a list)
-    is passed over again and again; a map-style dataset in a fresh permutation
+    is passed over again and again; a map-style dataset in a fresh order (`sample_order`)
     each pass. An iterator or generator is one pass: when it ends, `rebuild()`
     (calling the loader again) gives the next, as a training loop calls it per
     epoch. With `lazy`, nothing starts before the first call (a DataFlow's
@@ -464,7 +464,7 @@ def passes(
     if kind == "dataset":
         n = dataset_length(obj, name)
         rng = np.random.default_rng(seed)
-        return lambda: (obj[int(i)] for i in rng.permutation(n))
+        return lambda: (obj[int(i)] for i in itertools.islice(sample_order(rng, n), n))  # an epoch: n samples
     if kind == "dataloader" and lazy:
         return lambda: iter(obj)
     first = iter(obj)

@@ -80,7 +80,8 @@ def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
     parent.die_with_parent(signal.SIGTERM)
     os.setpgid(0, 0)  # a group of its own: what it starts is stopped with it even once it was killed (stop_trees)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    run = os.getppid()
+    signal.signal(signal.SIGTERM, lambda *_: _exit_on_sigterm(run))
     loader_start.in_child()
     loader_processes.adopt_orphans()
     allow_children()  # multiprocessing refuses children to a daemonic process
@@ -97,6 +98,27 @@ def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
                 status.send(("left", left))
         status.close()
     release_queues()
+    os._exit(0)
+
+
+RUN_TMPDIR_ENV = "FEEDBENCH_LOADER_TMPDIR"  # the run's private TMPDIR (private_tmpdir), for its orphaned processes
+
+
+def _exit_on_sigterm(run: int) -> None:
+    """SIGTERM: exit at once. Where the run's process is gone (killed: PR_SET_PDEATHSIG sent this), first stop
+    what this process started and remove the run's private TMPDIR, which the dead run cannot remove.
+
+    The kernel sends PR_SET_PDEATHSIG's signal while the parent exits, before this process is handed to
+    another parent: getppid() changes a moment later.
+    """
+    deadline = time.monotonic() + 1.0
+    while os.getppid() == run and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if os.getppid() != run:
+        loader_processes.stop_all(grace=1.0)
+        folder = os.environ.get(RUN_TMPDIR_ENV)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
     os._exit(0)
 
 
@@ -370,27 +392,30 @@ def _point(shared, workers: int, wall: float, cpu0: dict, cpu1: dict) -> dict:
 
 @contextlib.contextmanager
 def private_tmpdir() -> Iterator[str]:
-    """TMPDIR for the workers: a folder of the sweep's own, removed at the end or on Ctrl-C/SIGTERM.
+    """TMPDIR for the workers: a folder of the sweep's own, removed at the end or on Ctrl-C/SIGTERM, and by the
+    workers themselves where this process was killed (SIGKILL: `_exit_on_sigterm`).
 
     A worker stopped mid-way, and its DataLoader's worker processes, leave
     multiprocessing's pymp-* folders (and whatever the loader wrote there) behind.
     """
     folder = tempfile.mkdtemp(prefix="fb-")  # short: sockets go in it, and their paths are limited
-    before = os.environ.get("TMPDIR")
+    before = {k: os.environ.get(k) for k in ("TMPDIR", RUN_TMPDIR_ENV)}
 
     def remove() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
     os.environ["TMPDIR"] = folder  # the workers read it when they start (core/loader_start.py)
+    os.environ[RUN_TMPDIR_ENV] = folder  # and remove it where this process was killed (_exit_on_sigterm)
     shutdown.register(remove)
     try:
         yield folder
     finally:
         shutdown.unregister(remove)
-        if before is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         remove()
 
 

@@ -8,9 +8,13 @@ process gone), never a fixed time.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -134,12 +138,13 @@ def wait_for(found, what: str, seconds: float = 120.0):
     ],
     ids=["epochs", "tune"],
 )  # fmt: skip
-def test_a_loader_process_killed_by_sigkill_is_one_line_and_its_dataloader_workers_go_first(tmp_path, mode, line):
+def test_a_loader_process_killed_by_sigkill_is_one_line_and_its_dataloader_workers_go_first(
+    tmp_path, short_tmp, mode, line
+):
     """SIGKILL of the process that iterates the loader while its DataLoader has workers: the run says so in its
     one line, and nothing else (the orphaned workers are stopped before the run removes its TMPDIR)."""
     (tmp_path / "slow_loader.py").write_text(SLOW_SAMPLES)
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = short_tmp
     p = subprocess.Popen(
         [sys.executable, "bench_input.py", "--loader", f"{tmp_path}/slow_loader.py:make", "--loader-only",
          "--no-stages", *mode],
@@ -156,3 +161,87 @@ def test_a_loader_process_killed_by_sigkill_is_one_line_and_its_dataloader_worke
     assert err.splitlines() == [f"error: loader {tmp_path}/slow_loader.py:make: {line}"], err[-3000:]
     assert left_in_session(p.pid) == []
     assert list(tmp.iterdir()) == []  # TMPDIR/fb-* removed
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A TMPDIR with a short path: sockets go in its folders, and a socket's path has at most 107 bytes."""
+    folder = Path(tempfile.mkdtemp(prefix="fbt-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def loader_run(tmp_path: Path, tmp: Path, loader: str, *flags: str) -> subprocess.Popen:
+    """bench_input.py --loader-only on `loader` (a file's text), with TMPDIR `tmp`."""
+    (tmp_path / "the_loader.py").write_text(loader)
+    p = subprocess.Popen(
+        [sys.executable, "bench_input.py", "--loader", f"{tmp_path}/the_loader.py:make", "--loader-only",
+         "--no-stages", *flags],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}, start_new_session=True,
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    return p
+
+
+def test_sigkill_of_the_run_during_tune_leaves_no_tmpdir_and_no_process(tmp_path, short_tmp):
+    """The run's process killed while a setting is measured: its loader processes stop (they die with it) and
+    remove the run's private TMPDIR (fb-*), which the dead run cannot."""
+    tmp = short_tmp
+    p = loader_run(tmp_path, tmp, SLOW_SAMPLES, "--tune", "--target-rate", "1e9", "--loader-workers", "1",
+                        "--loader-seconds", "1")  # fmt: skip
+    wait_for(lambda: grandchildren(p.pid), "DataLoader worker")
+    assert [f.name[:3] for f in tmp.iterdir()] == ["fb-"]
+    p.kill()
+    p.wait(60)
+    wait_for(lambda: not any(tmp.iterdir()), "removal of TMPDIR/fb-*", 60)
+    assert left_in_session(p.pid) == []
+
+
+def test_sigint_to_the_group_during_epochs_stops_every_loader_process_before_the_run_exits(tmp_path, short_tmp):
+    """Ctrl-C at a terminal (SIGINT to the foreground group) mid-epoch: by the time the run has exited, the epoch
+    process and its DataLoader workers are gone, and nothing else of it stays."""
+    tmp = short_tmp
+    p = loader_run(tmp_path, tmp, SLOW_SAMPLES, "--epochs", "3")
+    workers = wait_for(lambda: grandchildren(p.pid), "DataLoader worker")
+    epoch_process = workers[0].parent()
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(60) == 130
+    assert [q.pid for q in [epoch_process, *workers] if running(q.pid)] == []
+    _, err = p.communicate()
+    assert err.strip().splitlines() == ["interrupted (SIGINT): stopping producers; no results written"], err
+    assert left_in_session(p.pid) == []
+    assert list(tmp.iterdir()) == []
+
+
+# A map-style Dataset that claims 10**12 samples; its first sample leaves a file named after the process.
+HUGE = """
+import os
+import numpy as np
+
+class Huge:
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __len__(self):
+        return 10**12
+
+    def __getitem__(self, i):
+        open(os.path.join(self.folder, "taken"), "a").close()
+        return np.zeros((8, 8, 3), np.uint8), 0
+
+def make(folder):
+    return Huge(folder)
+"""
+
+
+def test_epochs_of_a_dataset_claiming_a_trillion_samples_start_without_a_permutation_of_them(tmp_path, short_tmp):
+    """An epoch's order is drawn as it goes where a permutation would not fit in memory (as the sweep does it):
+    samples are taken, instead of an attempt at 7.28 TiB of indices; Ctrl-C then stops it."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    p = loader_run(tmp_path, short_tmp, HUGE, "--epochs", "1", "--loader-arg", f"folder={marks}", "--batch", "4")
+    wait_for(lambda: (marks / "taken").exists() or p.poll() is not None, "sample taken")
+    assert p.poll() is None, p.communicate()[1][-2000:]
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(60) == 130
+    assert left_in_session(p.pid) == []

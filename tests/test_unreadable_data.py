@@ -77,3 +77,38 @@ def test_bench_decode_skips_and_counts_what_it_cannot_read_with_a_cold_cache(dat
     assert "warning: skipping 1 unreadable class folder: n00000009" in err
     assert "warning: --cold-cache: 1 file that cannot be read" in err
     assert "images/s per core" in out and "pillow" in out
+
+
+def make_dataset_cli(folder: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "producers", "make-dataset", str(folder), "--classes", "1", "--per-class", "1", *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_make_dataset_refuses_a_negative_seed_in_one_line(tmp_path):
+    out = make_dataset_cli(tmp_path / "d", "--seed", "-1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1].endswith("argument --seed: -1 must be 0 or more")
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_make_dataset_refuses_a_manifest_that_is_not_a_file_before_writing_anything(tmp_path, kind):
+    """A pipe named MANIFEST.json would hang the write, a symlink would send it over its target: refused up front."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    if kind == "fifo":
+        os.mkfifo(folder / "MANIFEST.json")
+    else:
+        (folder / "MANIFEST.json").symlink_to(target)
+    out = make_dataset_cli(folder, "--like", "imagenet")
+    assert out.returncode == 2, out.stderr
+    what = "a pipe" if kind == "fifo" else "a symlink"
+    assert out.stderr.splitlines() == [
+        f"error: cannot make a dataset in {folder}: {folder}/MANIFEST.json is {what}, not a file: move it away "
+        "(nothing written)"
+    ]
+    assert [f.name for f in folder.iterdir()] == ["MANIFEST.json"] and target.read_text() == "keep me"
