@@ -129,40 +129,6 @@ def wait_for(found, what: str, seconds: float = 120.0):
     return got
 
 
-@pytest.mark.parametrize(
-    "mode, line",
-    [
-        (["--epochs", "3"], "the epoch process died (exit code -9)"),
-        (["--tune", "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "1"],
-         "worker 0 died (exit code -9)"),
-    ],
-    ids=["epochs", "tune"],
-)  # fmt: skip
-def test_a_loader_process_killed_by_sigkill_is_one_line_and_its_dataloader_workers_go_first(
-    tmp_path, short_tmp, mode, line
-):
-    """SIGKILL of the process that iterates the loader while its DataLoader has workers: the run says so in its
-    one line, and nothing else (the orphaned workers are stopped before the run removes its TMPDIR)."""
-    (tmp_path / "slow_loader.py").write_text(SLOW_SAMPLES)
-    tmp = short_tmp
-    p = subprocess.Popen(
-        [sys.executable, "bench_input.py", "--loader", f"{tmp_path}/slow_loader.py:make", "--loader-only",
-         "--no-stages", *mode],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}, start_new_session=True,
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    workers = wait_for(lambda: grandchildren(p.pid), "DataLoader worker")
-    loader_process = workers[0].parent()
-    loader_process.kill()
-    p.wait(120)  # the run's exit: its orphaned DataLoader workers must be gone by then, not seconds later
-    assert [w.pid for w in workers if running(w.pid)] == []
-    code, _, err = finish(p, 120)
-    assert code == 2
-    assert err.splitlines() == [f"error: loader {tmp_path}/slow_loader.py:make: {line}"], err[-3000:]
-    assert left_in_session(p.pid) == []
-    assert list(tmp.iterdir()) == []  # TMPDIR/fb-* removed
-
-
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A TMPDIR with a short path: sockets go in its folders, and a socket's path has at most 107 bytes."""
@@ -181,6 +147,34 @@ def loader_run(tmp_path: Path, tmp: Path, loader: str, *flags: str) -> subproces
         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     return p
+
+
+@pytest.mark.parametrize(
+    "mode, line",
+    [
+        (["--epochs", "3"], "the epoch process died (exit code -9)"),
+        (["--tune", "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "1"],
+         "worker 0 died (exit code -9)"),
+    ],
+    ids=["epochs", "tune"],
+)  # fmt: skip
+def test_a_loader_process_killed_by_sigkill_is_one_line_and_its_dataloader_workers_go_first(
+    tmp_path, short_tmp, mode, line
+):
+    """SIGKILL of the process that iterates the loader while its DataLoader has workers: the run says so in its
+    one line, and nothing else (the orphaned workers are stopped before the run removes its TMPDIR)."""
+    tmp = short_tmp
+    p = loader_run(tmp_path, tmp, SLOW_SAMPLES, *mode)
+    workers = wait_for(lambda: grandchildren(p.pid), "DataLoader worker")
+    loader_process = workers[0].parent()
+    loader_process.kill()
+    p.wait(120)  # the run's exit: its orphaned DataLoader workers must be gone by then, not seconds later
+    assert [w.pid for w in workers if running(w.pid)] == []
+    code, _, err = finish(p, 120)
+    assert code == 2
+    assert err.splitlines() == [f"error: loader {tmp_path}/the_loader.py:make: {line}"], err[-3000:]
+    assert left_in_session(p.pid) == []
+    assert list(tmp.iterdir()) == []  # TMPDIR/fb-* removed
 
 
 def test_sigkill_of_the_run_during_tune_leaves_no_tmpdir_and_no_process(tmp_path, short_tmp):
