@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from consumers.zmq_pull import PullConsumer
 from tests.test_loader import error_lines, finish, left_in_session, start
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,4 +239,25 @@ def test_epochs_of_a_dataset_claiming_a_trillion_samples_start_without_a_permuta
     assert p.poll() is None, p.communicate()[1][-2000:]
     os.killpg(p.pid, signal.SIGINT)
     assert p.wait(60) == 130
+    assert left_in_session(p.pid) == []
+
+
+def test_a_loader_producer_s_workers_stop_and_name_what_the_callable_left(tmp_path, ipc_dir):
+    """The loader as producer processes: each worker stops what the callable started when it is done."""
+    (tmp_path / "cache_loader.py").write_text(CACHE_SERVER)
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    endpoint = f"ipc://{ipc_dir}/feed"
+    with PullConsumer(endpoint, recv_timeout=120) as c:
+        p = start("-m", "producers", "loader", "--endpoint", endpoint, "--quiet", "--loader",
+                  f"{tmp_path}/cache_loader.py:make", "--loader-arg", f"folder={folder}", "--batch", "4",
+                  "--image-size", "8", "--count", "3")  # fmt: skip
+        got = [c.recv() for _ in range(3)]
+    code, _, err = finish(p, 120)
+    assert code == 0, err[-3000:]
+    assert [b.arrays[0].shape for b in got] == [(4, 8, 8, 3)] * 3
+    notes = [ln for ln in err.splitlines() if "the loader's callable left processes running" in ln]
+    assert len(notes) == 1 and "sleep 600" in notes[0], err[-3000:]
+    started = [int(f.name.split("-")[1]) for f in folder.iterdir()]
+    assert started and [pid for pid in started if running(pid)] == []
     assert left_in_session(p.pid) == []
