@@ -332,6 +332,13 @@ def _variable_update(text: str) -> str:
     return text
 
 
+def check_environment() -> None:
+    """The environment variables a run reads later, checked before anything starts (one line each)."""
+    from consumers.zmq_pull import io_threads
+
+    io_threads()  # FEEDBENCH_ZMQ_IO_THREADS, parsed by the native receiver's rule too
+
+
 def check_places(args) -> None:
     """Refuse, before anything runs, an empty or '-' output name, a --profile place that is no folder, and
     --compare where no trainer run's results are made to compare."""
@@ -473,6 +480,7 @@ def _main(argv: list[str]) -> int:
 
         args.loader = absolute_target(args.loader)  # producers and ranks run in the project's folder
     check_places(args)
+    check_environment()
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
     check_loader_only_flags(args)
     if args.loader_only:

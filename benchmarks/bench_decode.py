@@ -47,7 +47,7 @@ from core.images.decoders import DECODERS, DEFAULT_DECODER
 from core.images.files import DatasetError, list_images
 from producers.cold_cache import drop_pages, resident_share
 from producers.commands import producer_command
-from producers.decode import DecodeSource
+from producers.decode import DecodeSource, check_dataset
 from profiler.summary import Summary
 
 NextBatch = Callable[[], int]  # makes one batch, returns its images
@@ -190,7 +190,7 @@ def candidates(args: argparse.Namespace, files: list[Path]) -> list[tuple[str, s
 
 def run(args: argparse.Namespace) -> int:
     try:
-        names, _, classes = list_images(args.data, args.list)
+        names, _, classes = check_dataset(args.data, args.list, 1, args.cold_cache)
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -17,8 +17,12 @@ import zmq
 from zmq.utils import monitor
 
 from consumers.accounting import SeqTracker
+from core.errors import ConfigError
 from wire import curve, message, shm
 from wire.endpoints import EndpointError, attach, release
+
+IO_THREADS_ENV = "FEEDBENCH_ZMQ_IO_THREADS"
+MAX_IO_THREADS = 64  # each I/O thread reads about 2 GB/s: 64 read more than any machine's network or memcpy
 
 
 def io_threads(cores: int | None = None) -> int:
@@ -26,10 +30,20 @@ def io_threads(cores: int | None = None) -> int:
 
     One I/O thread reads about 2 GB/s of large messages, under what eight producers send on a 16-core
     machine; each producer's connection is served by one of them, so several read several producers at
-    once. FEEDBENCH_ZMQ_IO_THREADS overrides. The native receiver uses the same rule (zmq_core.cc:IoThreads).
+    once. FEEDBENCH_ZMQ_IO_THREADS overrides: unset or empty gives the default; else ASCII decimal digits
+    only (no sign, space or other script's digits), 1 to MAX_IO_THREADS, or a ConfigError naming the value.
+    The native receiver parses it by the same rule (zmq_core.cc:IoThreads).
     """
-    given = os.environ.get("FEEDBENCH_ZMQ_IO_THREADS", "")
-    if given.isdigit() and int(given) >= 1:
+    given = os.environ.get(IO_THREADS_ENV, "")
+    if given:
+        digits = len(given) <= 9 and all("0" <= c <= "9" for c in given)
+        if not digits or not 1 <= int(given) <= MAX_IO_THREADS:
+            text = os.fsencode(given)[:40].decode("utf-8", "replace")  # as zmq_core.cc shows it: its first 40 bytes
+            shown = "".join(c if c >= " " and c != "\x7f" else "?" for c in text)
+            raise ConfigError(
+                f"{IO_THREADS_ENV}='{shown}' is not a whole number from 1 to {MAX_IO_THREADS} "
+                "(ZMQ I/O threads per consumer; unset, one per 4 cores)"
+            )
         return int(given)
     return min(4, max(1, (cores or len(os.sched_getaffinity(0))) // 4))
 

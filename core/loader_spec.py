@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from core import loader_settings, loader_start
+from core import loader_processes, loader_settings, loader_start
 from core.errors import FeedbenchError
 
 DEFAULT_TIMEOUT = 60.0  # seconds a loader may take for one batch (the first included) before it is called hung
@@ -200,10 +200,14 @@ class LoaderSpec:
         has not returned after that many seconds is a LoaderError (it runs on
         a helper thread, inside `context()` where given: a TensorFlow graph).
         """
-        if timeout is None:
-            return self._build(seed, worker, num_workers, offer)
-        what = "importing and calling it"
-        return within(timeout, self.name, what, lambda: self._build(seed, worker, num_workers, offer), context)
+        before = loader_processes.snapshot()
+        try:
+            if timeout is None:
+                return self._build(seed, worker, num_workers, offer)
+            what = "importing and calling it"
+            return within(timeout, self.name, what, lambda: self._build(seed, worker, num_workers, offer), context)
+        finally:
+            loader_processes.note_built(before)  # the processes the callable started (a cache server)
 
     def _build(self, seed: int, worker: int, num_workers: int, offer: dict | None) -> Any:
         fn = self.resolve()
@@ -438,7 +442,7 @@ def passes(
     """What begins one pass (an epoch) over the loader: each call starts a new pass and returns its iterator.
 
     A re-iterable object (a DataLoader, a tf.data.Dataset, a DataFlow, a list)
-    is passed over again and again; a map-style dataset in a fresh permutation
+    is passed over again and again; a map-style dataset in a fresh order (`sample_order`)
     each pass. An iterator or generator is one pass: when it ends, `rebuild()`
     (calling the loader again) gives the next, as a training loop calls it per
     epoch. With `lazy`, nothing starts before the first call (a DataFlow's
@@ -460,7 +464,7 @@ def passes(
     if kind == "dataset":
         n = dataset_length(obj, name)
         rng = np.random.default_rng(seed)
-        return lambda: (obj[int(i)] for i in rng.permutation(n))
+        return lambda: (obj[int(i)] for i in itertools.islice(sample_order(rng, n), n))  # an epoch: n samples
     if kind == "dataloader" and lazy:
         return lambda: iter(obj)
     first = iter(obj)
@@ -777,6 +781,7 @@ def stop_children(keep: set[int]) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     mine = [p for p in mp.active_children() if p.pid not in keep]
+    loader_processes.note_stopping([p.pid for p in mine])
     for p in mine:
         p.terminate()
     for p in mine:

@@ -25,15 +25,15 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 
 
-def drop_pages(paths: Iterable[str | Path]) -> int:
-    """Drop the cached pages of each file; the bytes they hold in all. A file that cannot be opened is skipped."""
+def drop_pages(paths: Iterable[str | Path], unreadable: list[str] | None = None) -> int:
+    """Drop the cached pages of each file; the bytes they hold in all. A file that cannot be opened (missing,
+    unreadable) is skipped, its path added to `unreadable`: its reader skips and counts it too."""
     total = 0
     for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
-        except PermissionError:  # O_NOATIME needs the file's owner
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+        fd = _open_quietly(path)
+        if fd is None:
+            if unreadable is not None:
+                unreadable.append(str(path))
             continue
         try:
             total += os.fstat(fd).st_size
@@ -42,6 +42,20 @@ def drop_pages(paths: Iterable[str | Path]) -> int:
         finally:
             os.close(fd)
     return total
+
+
+def _open_quietly(path: str | Path) -> int | None:
+    """A read-only descriptor that leaves the access time alone where it may; None where it cannot be opened."""
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
+    except PermissionError:  # O_NOATIME needs the file's owner; or the file is unreadable
+        pass
+    except OSError:
+        return None
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
 
 
 def _resident(path: str | Path) -> tuple[int, int]:
@@ -64,9 +78,13 @@ def _resident(path: str | Path) -> tuple[int, int]:
 
 
 def resident_share(paths: Iterable[str | Path]) -> float:
-    """The share of the files' pages that are in the page cache now (0.0 to 1.0)."""
+    """The share of the files' pages that are in the page cache now (0.0 to 1.0); files that cannot be read
+    do not count."""
     cached = total = 0
     for path in paths:
-        c, t = _resident(path)
+        try:
+            c, t = _resident(path)
+        except OSError:
+            continue
         cached, total = cached + c, total + t
     return cached / total if total else 0.0

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from core.cli_types import positive_int
+from core.atomic import not_regular, write_all
+from core.cli_types import non_negative_int, positive_int
+from core.errors import OutputError
 
 # Photographs bundled with scikit-image itself (available offline); grey ones become RGB.
 PHOTOS = (
@@ -175,17 +178,29 @@ def make_imagenet_like(root: str | Path, classes: int, per_class: int, seed: int
             _save_like_imagenet(_canvas(photos, w, h, rng), path, kind, quality, rng)
             manifest[f"{folder.name}/{path.name}"] = {"kind": kind, "width": w, "height": h, "quality": quality}
             written.append(path)
-    (root / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_all({str(root / MANIFEST): json.dumps(manifest, indent=1) + "\n"})  # beside it, then renamed
     return written
+
+
+MANIFEST = "MANIFEST.json"
+
+
+def check_target(folder: str) -> None:
+    """Refuse, before any file is written, a MANIFEST.json there that is not a regular file: a pipe would hang
+    the write, a symlink would send it elsewhere."""
+    what = not_regular(os.path.join(folder, MANIFEST))
+    if what is not None:
+        raise OutputError(f"{os.path.join(folder, MANIFEST)} is {what}, not a file: move it away (nothing written)")
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
         if args.like == "imagenet":
+            check_target(args.folder)
             files = make_imagenet_like(args.folder, args.classes, args.per_class, args.seed)
         else:
             files = make_dataset(args.folder, args.classes, args.per_class, args.seed, args.quality)
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, OutputError) as e:
         print(f"error: cannot make a dataset in {args.folder}: {e}", file=sys.stderr)
         return 2
     print(f"wrote {len(files)} JPEGs in {args.classes} class folders under {args.folder}")
@@ -197,7 +212,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("folder", help="where to write the class sub-folders")
     p.add_argument("--classes", type=positive_int, default=10, help="class sub-folders")
     p.add_argument("--per-class", type=positive_int, default=50, help="JPEGs per class")
-    p.add_argument("--seed", type=int, default=0, help="seed of the photographs' crops and the JPEG quality jitter")
+    p.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seed of the photographs' crops and the JPEG quality jitter"
+    )
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (each file varies by up to 2)")
     p.add_argument(
         "--like",

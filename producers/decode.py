@@ -154,22 +154,41 @@ class DecodeSource:
 # --------------------------------------------------------------------------- command line
 
 
-def check_dataset(root: str, list_file: str | None, workers: int) -> int:
-    """List the dataset once up front, so a bad folder is one line and exit code 2, not N worker errors."""
-    files, _, _ = list_images(root, list_file)
+def check_dataset(
+    root: str, list_file: str | None, workers: int, cold_cache: bool = False
+) -> tuple[list[str], list[int], list[str]]:
+    """List the dataset once up front, so a bad folder is one line and exit code 2, not N worker errors; the
+    listing (files, labels, classes: core/images/files.py `list_images`).
+
+    Class folders that cannot be read are skipped and counted on stderr, as bad files are; with `cold_cache`
+    the files' pages are dropped (producers/cold_cache.py) and the files that cannot be read counted too.
+    """
+    folders: list[str] = []
+    files, labels, classes = list_images(root, list_file, folders)
+    if folders:
+        print(f"warning: skipping {say_skipped(len(folders), 'unreadable class folder')}: {', '.join(folders[:3])}"
+              f"{', ...' if len(folders) > 3 else ''}", file=sys.stderr, flush=True)  # fmt: skip
     if len(files) < workers:
         raise DatasetError(f"{len(files)} images in {root} cannot be shared by {workers} workers")
-    return len(files)
+    if cold_cache:
+        unreadable: list[str] = []
+        drop_pages((Path(root) / f for f in files), unreadable)
+        if unreadable:
+            print(f"warning: --cold-cache: {say_skipped(len(unreadable), 'file')} that cannot be read "
+                  f"(e.g. {unreadable[0]}): the decoders skip and count them", file=sys.stderr, flush=True)  # fmt: skip
+    return files, labels, classes
+
+
+def say_skipped(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
 
 
 def _run(args: argparse.Namespace) -> int:
 
     try:
-        check_dataset(args.data, args.list, args.workers)
+        check_dataset(args.data, args.list, args.workers, args.cold_cache)
         if args.decoder.startswith("roi"):
             library()  # built once here, before the workers start
-        if args.cold_cache:
-            drop_pages(Path(args.data) / f for f in list_images(args.data, args.list)[0])
     except (DatasetError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -190,7 +209,7 @@ def _run(args: argparse.Namespace) -> int:
     code = run_producer(source, args, source.describe())
     bad = sum(bad_counts)
     if bad:
-        print(f"decode: skipped {bad} bad file{'s' if bad != 1 else ''} (not decodable as JPEG)", file=sys.stderr)
+        print(f"decode: skipped {say_skipped(bad, 'bad file')} (unreadable, or not decodable as JPEG)", file=sys.stderr)
     return code
 
 

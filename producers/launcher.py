@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection, wait
 
 from tqdm import tqdm
 
-from core import loader_start
+from core import loader_processes, loader_start
 from core.atomic import atomic_write
 from core.errors import FeedbenchError
 from producers import parent, sender
@@ -46,6 +46,7 @@ def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
     loader_start.in_child()  # a copied worker: TMPDIR found again, SIGTERM unblocked
+    loader_processes.adopt_orphans()  # what a user's loader starts stays findable, and is stopped below
 
     def should_stop() -> bool:
         return bool(stopped) or stop.value != 0 or os.getppid() != producer
@@ -83,6 +84,10 @@ def _worker(source: Source, worker: int, cfg: SendConfig, shared, stop, status: 
             "batch it took, or stopped reading; --shm-slots sets how many a worker has)",
         )
         code = sender.CONSUMER_GONE
+    left = loader_processes.stop_all()
+    if left:
+        print(f"note: worker {worker}: the loader's callable left processes running: {'; '.join(left)}; stopped "
+              "them (a training loop that makes this loader leaves them running)", file=sys.stderr, flush=True)  # fmt: skip
     status.close()
     sys.exit(code)
 

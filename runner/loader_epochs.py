@@ -32,7 +32,15 @@ from core.loader_spec import WORKER_LOG_ENV, Batcher, LoaderError, LoaderSpec, g
 from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
 from runner import shutdown
-from runner.loader_only import LOADER_STAGE, Options, in_worker, print_and_write, private_tmpdir, stop_trees
+from runner.loader_only import (
+    LOADER_STAGE,
+    Options,
+    in_worker,
+    messages,
+    print_and_write,
+    private_tmpdir,
+    stop_trees,
+)
 
 INFINITE = -1  # tf.data's cardinality of a dataset that repeats for ever (tf.data.INFINITE_CARDINALITY)
 
@@ -130,7 +138,7 @@ def run_once(opts: Options, epochs: int, persistent: bool | None, folder: str, p
     procs, readers = [proc], [reader]
 
     def stop_all() -> None:
-        stop_trees(procs, readers, stop)
+        stop_trees(procs, readers, stop, opts.spec.name)
 
     shutdown.register(stop_all)  # Ctrl-C or SIGTERM: the process stops its loader (DataLoader workers too)
     try:
@@ -149,25 +157,6 @@ def run_once(opts: Options, epochs: int, persistent: bool | None, folder: str, p
     finally:
         shutdown.unregister(stop_all)
         stop_all()
-
-
-def messages(name: str, proc, reader: Connection, what: str = "the epoch process") -> Iterator[tuple[str, dict]]:
-    """A loader process's messages until it is done; its error, or its death, as a LoaderError."""
-    while True:
-        if not reader.poll(0.1):
-            if not proc.is_alive():
-                raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})")
-            continue
-        try:
-            kind, body = reader.recv()
-        except (EOFError, OSError):
-            proc.join(5)
-            raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})") from None
-        if kind == "error":
-            raise LoaderError(body)
-        if kind == "done":
-            return
-        yield kind, body
 
 
 def read_worker_log(path: str) -> list[dict]:

@@ -29,9 +29,9 @@ from multiprocessing.context import BaseContext
 
 import psutil
 
-from core import loader_start
+from core import loader_processes, loader_start
 from core.errors import ConfigError, FeedbenchError
-from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches, worker_seed
+from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, allow_children, batches, worker_seed
 from producers import parent
 from producers.launcher import stop_workers
 from profiler.cpu import tree_cpu_seconds, tree_rss_bytes
@@ -73,12 +73,18 @@ def worker_counts(max_workers: int) -> list[int]:
 def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
     """A worker process's frame around `body`: it dies with its parent, and says the loader's error in one line.
 
-    It exits without finalising: a hung loader's thread must not hold the exit.
+    The loader may start processes of its own (core/loader_processes.py): this process adopts them, stops
+    every one still running when `body` is done, and sends ("left", [...]) naming those the loader's callable
+    started. It exits without finalising: a hung loader's thread must not hold the exit.
     """
     parent.die_with_parent(signal.SIGTERM)
+    os.setpgid(0, 0)  # a group of its own: what it starts is stopped with it even once it was killed (stop_trees)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    run = os.getppid()
+    signal.signal(signal.SIGTERM, lambda *_: _exit_on_sigterm(run))
     loader_start.in_child()
+    loader_processes.adopt_orphans()
+    allow_children()  # multiprocessing refuses children to a daemonic process
     try:
         body()
     except FeedbenchError as e:
@@ -86,9 +92,50 @@ def in_worker(name: str, status: Connection, body: Callable[[], None]) -> None:
     except Exception as e:
         status.send(("error", f"loader {name}: {type(e).__name__}: {e}"))
     finally:
+        left = loader_processes.stop_all()
+        with contextlib.suppress(OSError):
+            if left:
+                status.send(("left", left))
         status.close()
     release_queues()
     os._exit(0)
+
+
+RUN_TMPDIR_ENV = "FEEDBENCH_LOADER_TMPDIR"  # the run's private TMPDIR (private_tmpdir), for its orphaned processes
+
+
+def _exit_on_sigterm(run: int) -> None:
+    """SIGTERM: exit at once. Where the run's process is gone (killed: PR_SET_PDEATHSIG sent this), first stop
+    what this process started and remove the run's private TMPDIR, which the dead run cannot remove.
+
+    The kernel sends PR_SET_PDEATHSIG's signal while the parent exits, before this process is handed to
+    another parent: getppid() changes a moment later.
+    """
+    deadline = time.monotonic() + 1.0
+    while os.getppid() == run and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if os.getppid() != run:
+        loader_processes.stop_all(grace=1.0)
+        folder = os.environ.get(RUN_TMPDIR_ENV)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+    os._exit(0)
+
+
+_said: set[str] = set()
+
+
+def say_left(name: str, left: list[str]) -> None:
+    """One line for the processes a loader's callable started and left running (stopped since), once per run."""
+    words = "; ".join(w for w in left if w.partition(" (")[2] not in _said)
+    _said.update(w.partition(" (")[2] for w in left)
+    if words:
+        print(
+            f"note: loader {name}: its callable started processes that were still running when the loader was "
+            f"done: {words}; feedbench stopped them (a training loop that makes this loader leaves them running)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def release_queues(timeout: float = 2.0) -> None:
@@ -156,7 +203,7 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
     procs, readers = [], []
 
     def stop_all() -> None:
-        stop_trees(procs, readers, stop)
+        stop_trees(procs, readers, stop, opts.spec.name)
 
     shutdown.register(stop_all)  # Ctrl-C or SIGTERM: the workers stop their loaders (DataLoader workers too)
     try:
@@ -196,18 +243,37 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
         stop_all()
 
 
-def stop_trees(procs: list, readers: list[Connection], stop) -> None:
-    """stop_workers, then whatever the workers' loaders started that outlived them.
+def stop_trees(procs: list, readers: list[Connection], stop, name: str) -> None:
+    """stop_workers, then whatever the workers' loaders started that outlived them; says what the loader `name`
+    left running (each worker's "left" message, core/loader_processes.py).
 
-    A worker that was killed (it did not stop its loader within the grace) leaves its loader's own
-    processes behind where they do not watch their parent (a DataFlow's MultiProcessRunnerZMQ without
-    python-prctl); they are killed here, by the identity psutil took of them before.
+    A worker that was killed (by the user, or here: it did not stop its loader within the grace) leaves its
+    loader's own processes behind, orphaned: a DataLoader's workers, which notice only seconds later and fail
+    once the run's TMPDIR is gone, or a DataFlow's MultiProcessRunnerZMQ without python-prctl, which never
+    does. Each worker leads a process group of its own (`in_worker`) that they are in: they are killed with
+    it, first thing, so that nothing of theirs is printed after the one line that says what happened; and
+    those psutil saw below a worker that was still running are killed too.
     """
+    for p in procs:
+        if p.pid is not None and not p.is_alive():  # it was killed: its group is all that is left of it
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGKILL)
     kids = []
     for p in procs:
         with contextlib.suppress(psutil.Error, ValueError):
             kids += psutil.Process(p.pid).children(recursive=True)
-    stop_workers(procs, readers, stop)
+    stop_workers(procs, [], stop)
+    for p in procs:
+        if p.pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGKILL)
+    for r in readers:
+        with contextlib.suppress(EOFError, OSError):
+            while r.poll(0):
+                kind, body = r.recv()
+                if kind == "left":
+                    say_left(name, body)
+        r.close()
     for k in kids:
         with contextlib.suppress(psutil.Error):
             k.kill()
@@ -287,6 +353,9 @@ def _check_workers(opts: Options, procs: list, readers: list[Connection]) -> Non
         except (EOFError, OSError):
             readers.remove(r)
             continue
+        if kind == "left":
+            say_left(opts.spec.name, text)
+            continue
         raise LoaderError(text)
     for i, p in enumerate(procs):
         if not p.is_alive() and p.exitcode != 0:
@@ -323,27 +392,30 @@ def _point(shared, workers: int, wall: float, cpu0: dict, cpu1: dict) -> dict:
 
 @contextlib.contextmanager
 def private_tmpdir() -> Iterator[str]:
-    """TMPDIR for the workers: a folder of the sweep's own, removed at the end or on Ctrl-C/SIGTERM.
+    """TMPDIR for the workers: a folder of the sweep's own, removed at the end or on Ctrl-C/SIGTERM, and by the
+    workers themselves where this process was killed (SIGKILL: `_exit_on_sigterm`).
 
     A worker stopped mid-way, and its DataLoader's worker processes, leave
     multiprocessing's pymp-* folders (and whatever the loader wrote there) behind.
     """
     folder = tempfile.mkdtemp(prefix="fb-")  # short: sockets go in it, and their paths are limited
-    before = os.environ.get("TMPDIR")
+    before = {k: os.environ.get(k) for k in ("TMPDIR", RUN_TMPDIR_ENV)}
 
     def remove() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
     os.environ["TMPDIR"] = folder  # the workers read it when they start (core/loader_start.py)
+    os.environ[RUN_TMPDIR_ENV] = folder  # and remove it where this process was killed (_exit_on_sigterm)
     shutdown.register(remove)
     try:
         yield folder
     finally:
         shutdown.unregister(remove)
-        if before is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         remove()
 
 
@@ -424,14 +496,75 @@ def _measure_all(args, spec: LoaderSpec, opts: Options, counts: list[int], timel
             lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True),
             timeline,
         )  # fmt: skip
-    return rows, None if args.no_stages else stage_timing(spec, opts.timeout)
+        return rows, None if args.no_stages else stage_timing(spec, opts.timeout)
 
 
 def stage_timing(spec: LoaderSpec, timeout: float) -> dict:
-    """Where a sample's time goes (core/loader_stages.py); a sample that fails stops only this, said in its note."""
-    from core.loader_stages import profile
-
+    """Where a sample's time goes (core/loader_stages.py), in a fresh process (what the loader starts is stopped
+    with it); a sample that fails stops only this, said in its note."""
     try:
-        return profile(spec, seed=0, timeout=timeout)
+        return in_fresh_process(spec.name, "the per-stage timing's process", _stages, spec, timeout)
     except LoaderError as e:  # the measured figures stand; the table says why there are no stages
         return {"loader": spec.name, "stages": [], "note": f"per-stage timing stopped: {e}"}
+
+
+def _stages(spec: LoaderSpec, timeout: float) -> dict:
+    from core.loader_stages import profile
+
+    return profile(spec, seed=0, timeout=timeout)
+
+
+def _one_shot(name: str, status: Connection, fn: Callable, args: tuple) -> None:
+    """A fresh loader process that sends ("result", fn(*args)), then ("done", {})."""
+
+    def body() -> None:
+        status.send(("result", fn(*args)))
+        status.send(("done", {}))
+
+    in_worker(name, status, body)
+
+
+def in_fresh_process(name: str, what: str, fn: Callable, *args):
+    """`fn(*args)` in a fresh process of the loader's (`in_worker`), never in the run's own: the processes a
+    loader starts there are found and stopped with it. Its error, or its death, is a LoaderError naming `what`."""
+    ctx = loader_start.context()
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_one_shot, args=(name, writer, fn, args), daemon=True)
+    stop = ctx.RawValue("b", 0)
+
+    def stop_all() -> None:
+        stop_trees([proc], [reader], stop, name)
+
+    shutdown.register(stop_all)
+    try:
+        proc.start()
+        writer.close()
+        for kind, body in messages(name, proc, reader, what):
+            if kind == "result":
+                return body
+        raise LoaderError(f"loader {name}: {what} ended without a result")
+    finally:
+        shutdown.unregister(stop_all)
+        stop_all()
+
+
+def messages(name: str, proc, reader: Connection, what: str = "the epoch process") -> Iterator[tuple[str, dict]]:
+    """A loader process's messages until it is done; its error, or its death, as a LoaderError."""
+    while True:
+        if not reader.poll(0.1):
+            if not proc.is_alive():
+                raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})")
+            continue
+        try:
+            kind, body = reader.recv()
+        except (EOFError, OSError):
+            proc.join(5)
+            raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})") from None
+        if kind == "error":
+            raise LoaderError(body)
+        if kind == "done":
+            return
+        if kind == "left":
+            say_left(name, body)
+            continue
+        yield kind, body

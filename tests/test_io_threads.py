@@ -47,8 +47,61 @@ def test_the_rule_gives_one_io_thread_per_four_cores_from_one_to_four(monkeypatc
     assert [io_threads(c) for c in (1, 2, 7, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
     monkeypatch.setenv("FEEDBENCH_ZMQ_IO_THREADS", "6")
     assert io_threads(2) == 6
-    monkeypatch.setenv("FEEDBENCH_ZMQ_IO_THREADS", "0")  # not a count: the rule
+    monkeypatch.setenv("FEEDBENCH_ZMQ_IO_THREADS", "")  # empty is unset: the rule
     assert io_threads(16) == 4
+
+
+# Not a whole number from 1 to 64 in ASCII digits: too many (each thread costs file descriptors), a superscript,
+# a space, a suffix, another script's digit, a sign, zero, and bytes that are not text.
+REFUSED = ["1000000000", "65", "0", "²", " 2", "2 ", "2abc", "٣", "+2", "-1", "0x2", "2\n", "\udcff"]
+
+
+def native_open_error(ep: str) -> str:
+    """The native receiver's error on opening `ep` with this process's environment ("" where it opens)."""
+    try:
+        with Receiver(ep, SPECS, [[np.zeros(shape, dtype) for dtype, shape in SPECS]], timeout_ms=1000):
+            return ""
+    except ValueError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("value", REFUSED)
+def test_a_value_outside_the_rule_is_one_line_from_python_and_the_native_receiver_alike(value, ipc_dir, monkeypatch):
+    """One rule for both parsers: the same line from pyzmq's consumers and the native receiver, which opens
+    nothing (no thread, no socket)."""
+    from core.errors import ConfigError
+
+    monkeypatch.setenv("FEEDBENCH_ZMQ_IO_THREADS", value)
+    with pytest.raises(ConfigError) as python:
+        io_threads()
+    line = str(python.value)
+    assert line.startswith("FEEDBENCH_ZMQ_IO_THREADS=") and "not a whole number from 1 to 64" in line
+    assert "\n" not in line
+    before = zmq_io_threads()
+    assert native_open_error(f"ipc://{ipc_dir}/bad") == line
+    assert zmq_io_threads() == before
+
+
+@pytest.mark.parametrize("value", ["1", "02", "64"])
+def test_a_value_inside_the_rule_is_taken_by_both(value, ipc_dir, monkeypatch):
+    monkeypatch.setenv("FEEDBENCH_ZMQ_IO_THREADS", value)
+    assert io_threads() == int(value)
+    assert native_open_error(f"ipc://{ipc_dir}/good") == ""
+
+
+def test_a_run_with_a_bad_value_stops_before_it_starts_anything(tmp_path) -> None:
+    """bench_input.py checks the variable with its flags: one line, exit 2, no consumer aborted, no folder left."""
+    env = {**os.environ, "FEEDBENCH_ZMQ_IO_THREADS": "1000000000", "TMPDIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "bench_input.py", "--fake-location", "zmq-consume", "--input-only", "--steps", "2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.splitlines() == [
+        "error: FEEDBENCH_ZMQ_IO_THREADS='1000000000' is not a whole number from 1 to 64 (ZMQ I/O threads per "
+        "consumer; unset, one per 4 cores)"
+    ]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.timeout(120)

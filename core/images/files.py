@@ -22,7 +22,10 @@ def class_folders(root: Path) -> list[str]:
         raise DatasetError(f"dataset folder {root} does not exist")
     if not root.is_dir():
         raise DatasetError(f"dataset folder {root} is not a folder")
-    entries = [e for e in root.iterdir() if not e.name.startswith(".")]
+    try:
+        entries = [e for e in root.iterdir() if not e.name.startswith(".")]
+    except OSError as e:
+        raise DatasetError(f"cannot read dataset folder {root}: {e.strerror or e}") from None
     if not entries:
         raise DatasetError(f"dataset folder {root} is empty")
     classes = sorted(e.name for e in entries if e.is_dir())
@@ -31,10 +34,14 @@ def class_folders(root: Path) -> list[str]:
     return classes
 
 
-def list_images(root: str | Path, list_file: str | Path | None = None) -> tuple[list[str], list[int], list[str]]:
+def list_images(
+    root: str | Path, list_file: str | Path | None = None, unreadable: list[str] | None = None
+) -> tuple[list[str], list[int], list[str]]:
     """(relative paths, labels, class names) of the dataset, in a fixed order every worker agrees on.
 
-    Without a list, every file with a JPEG suffix in a class folder is used.
+    Without a list, every file with a JPEG suffix in a class folder is used;
+    a class folder that cannot be read is skipped (its name added to
+    `unreadable`), as a file that does not decode is, and keeps its label.
     With one, each line is `relative/path [label]` (DALI's file_list format);
     a missing label is the index of the path's class folder.
     """
@@ -45,7 +52,13 @@ def list_images(root: str | Path, list_file: str | Path | None = None) -> tuple[
     labels: list[int] = []
     if list_file is None:
         for c in classes:
-            for name in sorted(e.name for e in (root / c).iterdir() if e.is_file()):
+            try:
+                names = sorted(e.name for e in (root / c).iterdir() if e.is_file())
+            except OSError:
+                if unreadable is not None:
+                    unreadable.append(c)
+                continue
+            for name in names:
                 if name.lower().endswith(JPEG_SUFFIXES) and not name.startswith("."):
                     files.append(f"{c}/{name}")
                     labels.append(index[c])

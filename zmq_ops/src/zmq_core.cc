@@ -34,21 +34,38 @@ int64_t NowMs() {
 
 std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 
+Status Error(Code code, std::string message) { return Status{code, std::move(message)}; }
+
 // ZMQ's I/O threads read the sockets' bytes; one thread reads about 2 GB/s of large messages, below what
 // eight producers send on a 16-core machine. Each producer's connection is served by one I/O thread, so
-// several threads read several producers at once: one per 4 cores the process may use, 1 to 4
-// (FEEDBENCH_ZMQ_IO_THREADS overrides). consumers/zmq_pull.py:io_threads is the same rule for pyzmq.
-int IoThreads() {
-  if (const char* env = std::getenv("FEEDBENCH_ZMQ_IO_THREADS")) {
-    const int n = std::atoi(env);
-    if (n >= 1) return n;
+// several threads read several producers at once: one per 4 cores the process may use, 1 to 4.
+// FEEDBENCH_ZMQ_IO_THREADS overrides, by consumers/zmq_pull.py:io_threads's rule for pyzmq: unset or empty
+// gives the default; else ASCII decimal digits only (no sign, space or other script's digits), 1 to 64.
+constexpr int kMaxIoThreads = 64;
+
+Status IoThreads(int* n) {
+  const char* env = std::getenv("FEEDBENCH_ZMQ_IO_THREADS");
+  if (env != nullptr && *env != '\0') {
+    const std::string text(env);
+    const bool digits = text.size() <= 9 && std::all_of(text.begin(), text.end(), [](char c) {
+                          return c >= '0' && c <= '9';
+                        });
+    const long value = digits ? std::stol(text) : 0;
+    if (value < 1 || value > kMaxIoThreads) {
+      std::string shown;
+      for (unsigned char c : text.substr(0, 40)) shown += (c >= ' ' && c != 0x7f) ? static_cast<char>(c) : '?';
+      return Error(Code::kInvalidArgument, "FEEDBENCH_ZMQ_IO_THREADS='" + shown +
+                                               "' is not a whole number from 1 to " + std::to_string(kMaxIoThreads) +
+                                               " (ZMQ I/O threads per consumer; unset, one per 4 cores)");
+    }
+    *n = static_cast<int>(value);
+    return Status::Ok();
   }
   cpu_set_t set;
   const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  return std::min(4, std::max(1, cores / 4));
+  *n = std::min(4, std::max(1, cores / 4));
+  return Status::Ok();
 }
-
-Status Error(Code code, std::string message) { return Status{code, std::move(message)}; }
 
 Status SetIntOption(void* socket, int option, int value, const char* name, const std::string& ep) {
   if (zmq_setsockopt(socket, option, &value, sizeof(value)) != 0) {
@@ -266,9 +283,11 @@ Status Connection::Open() {
     return Error(Code::kInvalidArgument, "ZMQ endpoint " + ep + ": hwm must be >= 1, got " +
                                              std::to_string(options_.hwm));
   }
+  int io_threads = 1;
+  FB_RETURN_IF_ERROR(IoThreads(&io_threads));
   context_ = zmq_ctx_new();
   if (context_ == nullptr) return Error(Code::kInternal, "cannot create a ZMQ context: " + ZmqError());
-  zmq_ctx_set(context_, ZMQ_IO_THREADS, IoThreads());  // before the first socket: it starts them
+  zmq_ctx_set(context_, ZMQ_IO_THREADS, io_threads);  // before the first socket: it starts them
   socket_ = zmq_socket(context_, ZMQ_PULL);
   if (socket_ == nullptr) return Error(Code::kInternal, "cannot create a ZMQ PULL socket: " + ZmqError());
 
