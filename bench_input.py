@@ -503,9 +503,29 @@ def check_compare(args, grid: dict | None, cfg, framework: str) -> tuple[str, st
     if not args.json_path and not args.out:
         raise ConfigError("--compare needs --json FILE or --out DIR: where the run's results go, to be compared")
     new = args.json_path or os.path.join(args.out, "results.json")
+    refuse_overwritten(args.compare, args.json_path, args.out)
     if diff := difference(load(args.compare), {"framework": framework, "config": cfg.to_dict()}, given_only=True):
         raise CompareError(refusal(args.compare, "this run", diff))
     return args.compare, new
+
+
+def refuse_overwritten(old: str, json_path: str | None, out: str | None) -> None:
+    """ConfigError when --compare's OLD is (or resolves to) a file the run writes: the run would compare itself
+    with itself and replace the earlier figures."""
+    import os
+
+    from core.errors import ConfigError
+    from profiler.report import OUT_FILES
+
+    written = [("--json", json_path)] if json_path else []
+    written += [("--out", os.path.join(out, name)) for name in OUT_FILES] if out else []
+    for flag, place in written:
+        if os.path.realpath(old) == os.path.realpath(place):
+            given = json_path if flag == "--json" else out
+            raise ConfigError(
+                f"--compare {old}: is {place}, which this run writes ({flag} {given}); the run would be compared "
+                "with itself and the earlier results replaced: copy them elsewhere and compare with the copy"
+            )
 
 
 def compared(comparison: tuple[str, str] | None, code: int) -> int:
