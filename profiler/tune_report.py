@@ -20,7 +20,7 @@ from core.atomic import atomic_write, write_all
 from core.loader_settings import call_arguments
 from core.loader_spec import LoaderSpec
 from profiler.earlier import write_keeping_earlier
-from profiler.loader_report import Demand, demand_words, stages_text
+from profiler.loader_report import Demand, demand_words, duplicates_words, stages_text
 
 CORES_BOUND = 0.9  # a setting that used this share of the machine's cores has the cores as its limit
 
@@ -115,10 +115,14 @@ def text(doc: dict) -> str:
         "the demand is measured in fresh processes: their median, and an interval spanning theirs"
     )
     out += [f"{s['setting']}: not tried: {s['why']}" for s in tu["not_tried"]]
+    repeated = {t["duplicates"]["num_workers"]: t["duplicates"] for t in tu["tried"] if t.get("duplicates")}
+    out += [duplicates_words(dup, f"num_workers={n}") for n, dup in repeated.items()]
     out.append("")
     if tu["chosen"]:
         c = tu["chosen"]
         out += [f"the smallest setting that meets it: {_words(c['setting'])}: {_figures(c)}", "", f"    {c['line']}"]
+        if words := duplicates_words(c.get("duplicates"), "this setting"):
+            out += ["", words]
         return "\n".join(out)
     s = tu["shortfall"]
     out.append(

@@ -31,7 +31,8 @@ import psutil
 
 from core import loader_start
 from core.errors import ConfigError, FeedbenchError
-from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, batches, worker_seed
+from core.loader_duplicates import EPOCH_SECONDS, count_epochs, duplicates
+from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, allow_children, batches, worker_seed
 from producers import parent
 from producers.launcher import stop_workers
 from profiler.cpu import tree_cpu_seconds, tree_rss_bytes
@@ -191,6 +192,46 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
             timeline.add_window(label or f"{workers} worker(s)", t0, t0 + wall)
         cpu1 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
         return {**_point(shared, workers, wall, cpu0, cpu1), **slices.figures()}
+    finally:
+        shutdown.unregister(stop_all)
+        stop_all()
+
+
+def epoch_counts(opts: Options, workers: list[int] | None) -> tuple[int, dict[int, int | None] | None]:
+    """(the last worker count asked about, core.loader_duplicates.count_epochs of the loader made once with 0
+    and each of `workers` DataLoader workers, None: its own num_workers). Run in a fresh process."""
+    allow_children()  # a DataLoader's workers are this process's children
+    obj = opts.spec.build(opts.seed, 0, 1, {}, timeout=opts.timeout)
+    given = [getattr(obj, "num_workers", 0)] if workers is None else workers
+    return given[-1] if given else 0, count_epochs(obj, given, opts.spec.name)
+
+
+def _answer(opts: Options, status: Connection, fn: Callable, args: tuple) -> None:
+    in_worker(opts.spec.name, status, lambda: status.send(("answer", fn(*args))))
+
+
+def samples_per_epoch(opts: Options, workers: list[int] | None = None) -> tuple[int, dict[int, int | None] | None]:
+    """`epoch_counts` in a fresh process: the counts are None for a loader that cannot repeat samples per worker
+    (core/loader_duplicates.py)."""
+    ctx = loader_start.context()
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_answer, args=(opts, writer, epoch_counts, (opts, workers)), daemon=True)
+    stop = ctx.RawValue("b", 0)
+
+    def stop_all() -> None:
+        stop_trees([proc], [reader], stop)
+
+    shutdown.register(stop_all)
+    try:
+        proc.start()
+        writer.close()
+        seconds = (len(workers or [0]) + 1) * (EPOCH_SECONDS + opts.timeout)
+        message = f"loader {opts.spec.name}: its epochs were not counted within {seconds:g} s"
+        _wait_until(lambda: reader.poll(0), seconds, lambda: _check_workers(opts, [proc], []), message)
+        kind, body = reader.recv()
+        if kind == "error":
+            raise LoaderError(body)
+        return body
     finally:
         shutdown.unregister(stop_all)
         stop_all()
@@ -379,7 +420,19 @@ def main(args) -> int:
     with timeline or contextlib.nullcontext():
         rows, stages = _measure_all(args, spec, opts, counts, timeline)
     doc = loader_report.document(spec.name, rows, demand, stages, os.cpu_count() or 1)
+    doc["duplicates"] = given_duplicates(opts)
     return print_and_write(args, doc, loader_report, timeline_files(timeline.document()) if timeline else None)
+
+
+def given_duplicates(opts: Options) -> dict | None:
+    """Whether the loader as given yields each sample more than once per epoch (a DataLoader whose workers each
+    iterate all of an IterableDataset): `core.loader_duplicates.duplicates`, or why it could not be checked."""
+    with private_tmpdir():
+        try:
+            workers, counts = samples_per_epoch(opts)
+        except LoaderError as e:
+            return {"checked": False, "num_workers": None, "why": str(e)}
+    return duplicates(counts, workers)
 
 
 def demand_of(args) -> Demand | None:
