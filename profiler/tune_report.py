@@ -19,6 +19,7 @@ from tabulate import tabulate
 from core.atomic import atomic_write, write_all
 from core.loader_settings import call_arguments
 from core.loader_spec import LoaderSpec
+from core.loader_stages import UNACCOUNTED, limiting
 from profiler.earlier import write_keeping_earlier
 from profiler.loader_report import Demand, demand_words, duplicates_words, stages_text
 
@@ -43,7 +44,8 @@ def _limit(best: dict, stages: dict | None, machine_cores: int) -> dict:
     """What limits the best setting: the slowest stage of a sample, and whether it used the machine's cores."""
     slowest = None
     if stages and stages.get("stages"):
-        top = max(stages["stages"], key=lambda s: s["share"])
+        # The largest stage, or what no stage covers where that is larger (the listed stages explain little).
+        top = limiting(stages["stages"], stages["shares_sum"], stages["seconds_per_sample"])
         slowest = {"stage": top["name"], "share": top["share"], "seconds_per_sample": top["seconds_per_sample"]}
     return {
         "slowest_stage": slowest,
@@ -146,6 +148,11 @@ def _limit_words(limit: dict, machine_cores: int) -> str:
         if st
         else f"no stage named: {limit['stages_note']}"
     )
+    if st and st["stage"] == UNACCOUNTED:
+        stage = (
+            f"the limit is none of the listed stages: they explain {100 * (1 - st['share']):.1f}% of a sample's "
+            f"time; {100 * st['share']:.1f}% ({1e3 * st['seconds_per_sample']:.2f} ms per sample) is {UNACCOUNTED}"
+        )
     used = f"the best setting used {limit['cores_used']:.2f} of the machine's {machine_cores} cores"
     if limit["cores_bound"]:
         return f"{stage}; {used}: the cores are used up (a cheaper stage, or more cores)"

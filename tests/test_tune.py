@@ -300,3 +300,53 @@ def test_the_loader_only_sweep_says_when_the_loader_as_given_repeats_samples(tmp
         assert doc["duplicates"] == REPEATED
         assert "warning: the loader as given (num_workers=2): an epoch yields 1,024 samples" in text, text
 
+
+SLOW_GETITEM = '''
+import time
+
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):
+    """Its cost is its own __getitem__ (5 ms a sample), around two transforms that take next to nothing."""
+
+    def __init__(self):
+        self.transform = [lambda x: x, lambda x: x]
+
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        image = np.zeros((8, 8, 3), np.uint8)
+        for step in self.transform:
+            image = step(image)
+        return image, i
+
+
+def make():
+    return DataLoader(Slow(), batch_size=8)
+'''
+
+
+def test_when_the_listed_stages_explain_little_the_limit_is_what_they_leave_out(tmp_path):
+    """The two transforms are timed and take a fraction of a percent of a sample: the limit named is the time
+    outside them (the dataset's own __getitem__), with the share the stages do explain, not `<lambda>#2`."""
+    (tmp_path / "slow_getitem.py").write_text(SLOW_GETITEM)
+    json_path = tmp_path / "r.json"
+    p = start("bench_input.py", "--loader", f"{tmp_path / 'slow_getitem.py'}:make", "--loader-only", "--tune",
+              "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "0.3", "--json", str(json_path))  # fmt: skip
+    code, text, err = finish(p, 300)
+    assert code == 0, err[-3000:]
+    doc = json.loads(json_path.read_text())
+    check_part(doc["tune"], "loader_tune")
+    assert [s["name"] for s in doc["stages"]["stages"]] == ["<lambda>", "<lambda>#2"]
+    assert doc["stages"]["shares_sum"] < 0.1, doc["stages"]
+    limit = doc["tune"]["shortfall"]["limit"]["slowest_stage"]
+    assert limit["stage"] == "the dataset's own code outside the listed stages (its __getitem__ around them)"
+    assert limit["share"] > 0.9 and limit["seconds_per_sample"] >= 0.005, limit
+    line = next(ln for ln in text.splitlines() if ln.startswith("the limit is"))
+    assert line.startswith("the limit is none of the listed stages: they explain "), line
+    assert "is the dataset's own code outside the listed stages" in line and "<lambda>" not in line, line
+    assert "slowest stage: none of the listed stages: they explain " in text, text
