@@ -373,6 +373,22 @@ def check_tune(args) -> None:
         )
 
 
+def check_interleave(args, grid: dict | None) -> None:
+    """--interleave N alternates one run's paths with its baseline: refused where no such run is made (a capacity
+    search's probes, a sweep's grid points, the loader alone), rather than recorded and not done."""
+    from core.errors import ConfigError
+
+    if not args.interleave:
+        return
+    for flag, given in (("--find-capacity", args.find_capacity), ("--sweep", grid is not None),
+                        ("--loader-only", args.loader_only)):  # fmt: skip
+        if given:
+            raise ConfigError(
+                f"--interleave {args.interleave} and {flag}: only a run of paths against their baseline is "
+                "interleaved; drop one (run the path of interest alone with --interleave)"
+            )
+
+
 def config_from(args, paths: dict):
     """The run's BenchConfig: the chosen path after the baseline, or the registry's default run."""
     from core.config import BenchConfig
@@ -451,6 +467,7 @@ def _main(argv: list[str]) -> int:
     check_places(args)
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
     check_loader_only_flags(args)
+    check_interleave(args, grid)
     if args.loader_only:
         return _loader_only(args)
     if args.num_devices:

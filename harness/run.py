@@ -84,6 +84,7 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
         # H100s each path would keep fed (docs/emulated.md).
         cap = replace(base, model="emulated", emulate=base.emulate or "H100", find_capacity=True, shrunk={})
         cap.batch = cap.image_size = cap.warmup_steps = cap.steps = cap.repeats = None
+        cap.interleave = 0  # a capacity search's probes are not interleaved (its results say so)
         if cap.json_path:
             cap.json_path = cap.json_path.removesuffix(".json") + "-capacity.json"
         for note in prepare(plugin, cap, gpus):
