@@ -31,7 +31,7 @@ import psutil
 
 from core import loader_start
 from core.errors import ConfigError, FeedbenchError
-from core.loader_duplicates import EPOCH_SECONDS, count_epochs, duplicates
+from core.loader_duplicates import count_epochs, duplicates
 from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, allow_children, batches, worker_seed
 from producers import parent
 from producers.launcher import stop_workers
@@ -206,16 +206,17 @@ def epoch_counts(opts: Options, workers: list[int] | None) -> tuple[int, dict[in
     return given[-1] if given else 0, count_epochs(obj, given, opts.spec.name)
 
 
-def _answer(opts: Options, status: Connection, fn: Callable, args: tuple) -> None:
-    in_worker(opts.spec.name, status, lambda: status.send(("answer", fn(*args))))
+def _one_shot(name: str, status: Connection, fn: Callable, args: tuple) -> None:
+    """A fresh loader process that sends ("result", fn(*args))."""
+    in_worker(name, status, lambda: status.send(("result", fn(*args))))
 
 
-def samples_per_epoch(opts: Options, workers: list[int] | None = None) -> tuple[int, dict[int, int | None] | None]:
-    """`epoch_counts` in a fresh process: the counts are None for a loader that cannot repeat samples per worker
-    (core/loader_duplicates.py)."""
+def in_fresh_process(name: str, what: str, fn: Callable, *args):
+    """`fn(*args)` in a fresh process of the loader's (`in_worker`), never in the run's own, stopped with its tree
+    when done or on Ctrl-C/SIGTERM; its error, or its death, is a LoaderError naming `what`."""
     ctx = loader_start.context()
     reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_answer, args=(opts, writer, epoch_counts, (opts, workers)), daemon=True)
+    proc = ctx.Process(target=_one_shot, args=(name, writer, fn, args), daemon=True)
     stop = ctx.RawValue("b", 0)
 
     def stop_all() -> None:
@@ -225,9 +226,9 @@ def samples_per_epoch(opts: Options, workers: list[int] | None = None) -> tuple[
     try:
         proc.start()
         writer.close()
-        seconds = (len(workers or [0]) + 1) * (EPOCH_SECONDS + opts.timeout)
-        message = f"loader {opts.spec.name}: its epochs were not counted within {seconds:g} s"
-        _wait_until(lambda: reader.poll(0), seconds, lambda: _check_workers(opts, [proc], []), message)
+        while not reader.poll(0.1):
+            if not proc.is_alive():
+                raise LoaderError(f"loader {name}: {what} died (exit code {proc.exitcode})")
         kind, body = reader.recv()
         if kind == "error":
             raise LoaderError(body)
@@ -235,6 +236,12 @@ def samples_per_epoch(opts: Options, workers: list[int] | None = None) -> tuple[
     finally:
         shutdown.unregister(stop_all)
         stop_all()
+
+
+def samples_per_epoch(opts: Options, workers: list[int] | None = None) -> tuple[int, dict[int, int | None] | None]:
+    """`epoch_counts` in a fresh process: the counts are None for a loader that cannot repeat samples per worker
+    (core/loader_duplicates.py)."""
+    return in_fresh_process(opts.spec.name, "the epoch-counting process", epoch_counts, opts, workers)
 
 
 def stop_trees(procs: list, readers: list[Connection], stop) -> None:

@@ -19,9 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from multiprocessing.connection import Connection
 
-from core import loader_settings, loader_start
+from core import loader_settings
 from core.errors import ConfigError
 from core.gpus import nvidia_gpus
 from core.loader_duplicates import duplicates
@@ -29,19 +28,16 @@ from core.loader_spec import LoaderError, LoaderSpec, kind_of
 from profiler.loader_report import Demand
 from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
-from runner import shutdown
-from runner.loader_epochs import messages
 from runner.loader_only import (
     LOADER_STAGE,
     Options,
     demand_of,
-    in_worker,
+    in_fresh_process,
     measure,
     print_and_write,
     private_tmpdir,
     samples_per_epoch,
     stage_timing,
-    stop_trees,
     worker_counts,
 )
 
@@ -49,39 +45,16 @@ NO_GPU = "no NVIDIA GPU here: pinned memory only speeds a batch's copy to a GPU 
 ON_GPU = "a GPU is here: every setting pins its batches (pin_memory=True), as a GPU training loop runs it"
 
 
-def _probe_process(opts: Options, status: Connection, first_id: int) -> None:
-    """The probe: make the loader once and send what it is."""
-
-    def body() -> None:
-        obj = opts.spec.build(opts.seed, 0, 1, {}, timeout=opts.timeout)  # as the user made it, nothing wrapped
-        kind = kind_of(obj)
-        status.send(("loader", loader_settings.describe(obj, kind, opts.spec.resolve(), opts.spec.name)))
-        status.send(("done", {}))
-
-    in_worker(opts.spec.name, status, body)
+def _describe(opts: Options) -> dict:
+    """Make the loader once, as the user made it (nothing wrapped), and say what it is."""
+    obj = opts.spec.build(opts.seed, 0, 1, {}, timeout=opts.timeout)
+    return loader_settings.describe(obj, kind_of(obj), opts.spec.resolve(), opts.spec.name)
 
 
 def probe(opts: Options) -> dict:
     """What the loader is (kind, class, its DataLoader's arguments or its callable's settings), from a fresh
     process, as every measured setting makes it."""
-    ctx = loader_start.context()
-    reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_probe_process, args=(opts, writer, os.getpid()), daemon=True)
-    stop = ctx.RawValue("b", 0)
-
-    def stop_all() -> None:
-        stop_trees([proc], [reader], stop)
-
-    shutdown.register(stop_all)
-    try:
-        proc.start()
-        writer.close()
-        return next(
-            body for kind, body in messages(opts.spec.name, proc, reader, "the probe process") if kind == "loader"
-        )
-    finally:
-        shutdown.unregister(stop_all)
-        stop_all()
+    return in_fresh_process(opts.spec.name, "the probe process", _describe, opts)
 
 
 def _untunable(info: dict, name: str) -> str:
