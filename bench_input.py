@@ -403,6 +403,22 @@ def check_tune(args) -> None:
         )
 
 
+def check_interleave(args, grid: dict | None) -> None:
+    """--interleave N alternates one run's paths with its baseline: refused where no such run is made (a capacity
+    search's probes, a sweep's grid points, the loader alone), rather than recorded and not done."""
+    from core.errors import ConfigError
+
+    if not args.interleave:
+        return
+    for flag, given in (("--find-capacity", args.find_capacity), ("--sweep", grid is not None),
+                        ("--loader-only", args.loader_only)):  # fmt: skip
+        if given:
+            raise ConfigError(
+                f"--interleave {args.interleave} and {flag}: only a run of paths against their baseline is "
+                "interleaved; drop one (run the path of interest alone with --interleave)"
+            )
+
+
 def config_from(args, paths: dict):
     """The run's BenchConfig: the chosen path after the baseline, or the registry's default run."""
     from core.config import BenchConfig
@@ -483,6 +499,7 @@ def _main(argv: list[str]) -> int:
     check_environment()
     check_output_places(args.json_path, args.out or ("results" if grid is not None else None))
     check_loader_only_flags(args)
+    check_interleave(args, grid)
     if args.loader_only:
         return _loader_only(args)
     if args.num_devices:
@@ -535,9 +552,29 @@ def check_compare(args, grid: dict | None, cfg, framework: str) -> tuple[str, st
     if not args.json_path and not args.out:
         raise ConfigError("--compare needs --json FILE or --out DIR: where the run's results go, to be compared")
     new = args.json_path or os.path.join(args.out, "results.json")
+    refuse_overwritten(args.compare, args.json_path, args.out)
     if diff := difference(load(args.compare), {"framework": framework, "config": cfg.to_dict()}, given_only=True):
         raise CompareError(refusal(args.compare, "this run", diff))
     return args.compare, new
+
+
+def refuse_overwritten(old: str, json_path: str | None, out: str | None) -> None:
+    """ConfigError when --compare's OLD is (or resolves to) a file the run writes: the run would compare itself
+    with itself and replace the earlier figures."""
+    import os
+
+    from core.errors import ConfigError
+    from profiler.report import OUT_FILES
+
+    written = [("--json", json_path)] if json_path else []
+    written += [("--out", os.path.join(out, name)) for name in OUT_FILES] if out else []
+    for flag, place in written:
+        if os.path.realpath(old) == os.path.realpath(place):
+            given = json_path if flag == "--json" else out
+            raise ConfigError(
+                f"--compare {old}: is {place}, which this run writes ({flag} {given}); the run would be compared "
+                "with itself and the earlier results replaced: copy them elsewhere and compare with the copy"
+            )
 
 
 def compared(comparison: tuple[str, str] | None, code: int) -> int:

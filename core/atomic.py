@@ -26,8 +26,11 @@ def not_regular(path: str) -> str | None:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return None
-    if stat.S_ISREG(mode):
-        return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
     if stat.S_ISLNK(mode):
         return "a symlink"
     if stat.S_ISDIR(mode):
@@ -39,6 +42,30 @@ def not_regular(path: str) -> str | None:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "not a regular file"
+
+
+class NotReadable(Exception):
+    """`read_regular` refused a file: it is no regular file (`str(e)` says what it is), or it is too large."""
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """The bytes of `path` when it is (or links to) a regular file of at most `limit` bytes; NotReadable else.
+
+    A FIFO is opened without waiting for a writer and a device is never read, so a result file named by a user
+    can neither hang the reader nor fill its memory. OSError when it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotReadable(_kind(mode))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise NotReadable(f"over {limit / 2**20:g} MiB")
+    return data
 
 
 def write_all(files: dict[str, bytes | str], what: str | None = None) -> list[str]:

@@ -181,7 +181,6 @@ def profile_dataset(
     per = whole / n
     stages = [{"name": s, "seconds_per_sample": acc[s] / n, "share": acc[s] / whole} for s in names]
     shares = sum(s["share"] for s in stages)
-    slowest = max(stages, key=lambda s: s["share"])
     source = "torchvision transforms" if kind in ("dataloader", "dataset") else kind
     return {
         "loader": name,
@@ -192,5 +191,30 @@ def profile_dataset(
         "stages": stages,
         "shares_sum": shares,
         "unaccounted_share": 1.0 - shares,
-        "slowest": f"{slowest['name']} ({100 * slowest['share']:.0f}% of a sample)",
+        "slowest": slowest_words(stages, shares, per),
     }
+
+
+# What no stage covers: the dataset's own code around its loader and transforms.
+UNACCOUNTED = "the dataset's own code outside the listed stages (its __getitem__ around them)"
+
+
+def limiting(stages: list[dict], shares_sum: float, per_sample: float) -> dict:
+    """The part of a sample's time that limits it: the stage with the largest share, or, where the time outside
+    every listed stage is larger than that, the unaccounted part (`{"name": UNACCOUNTED, ...}`)."""
+    top = max(stages, key=lambda s: s["share"])
+    rest = max(0.0, 1.0 - shares_sum)
+    if rest <= top["share"]:
+        return top
+    return {"name": UNACCOUNTED, "share": rest, "seconds_per_sample": per_sample * rest}
+
+
+def slowest_words(stages: list[dict], shares_sum: float, per_sample: float) -> str:
+    """`decode (61% of a sample)`; or, where the listed stages explain less than the time outside them, that."""
+    top = limiting(stages, shares_sum, per_sample)
+    if top["name"] != UNACCOUNTED:
+        return f"{top['name']} ({100 * top['share']:.0f}% of a sample)"
+    return (
+        f"none of the listed stages: they explain {100 * shares_sum:.1f}% of a sample's {1e3 * per_sample:.2f} ms; "
+        f"{100 * top['share']:.1f}% ({1e3 * per_sample * top['share']:.2f} ms) is {UNACCOUNTED}"
+    )

@@ -90,6 +90,7 @@ def main(plugin: Trainer, cfg: BenchConfig, base: BenchConfig, grid: dict | None
         # H100s each path would keep fed (docs/emulated.md).
         cap = replace(base, model="emulated", emulate=base.emulate or "H100", find_capacity=True, shrunk={})
         cap.batch = cap.image_size = cap.warmup_steps = cap.steps = cap.repeats = None
+        cap.interleave = 0  # a capacity search's probes are not interleaved (its results say so)
         if cap.json_path:
             cap.json_path = cap.json_path.removesuffix(".json") + "-capacity.json"
         for note in prepare(plugin, cap, gpus):
@@ -252,15 +253,15 @@ def report(
         print()
         print(plugin.how_to_open(cfg.profile_dir))
     doc = document.run_document(plugin, cfg, results, started)
+    if cfg.json_path:  # first: what --out's folder holds cannot cost the run its --json
+        tables.write_json(cfg.json_path, doc)
+        print(f"\nwrote {cfg.json_path}")
     if out:
         extra = timeline_files(timeline.document()) if timeline is not None else None
         files = document.write_out(
             out, plugin.framework, {**doc, "rows": rows_of([{"config": doc["config"], "paths": results}])}, cfg, extra
         )
         print("\n" + "\n".join(f"wrote {f}" for f in files))
-    if cfg.json_path:
-        tables.write_json(cfg.json_path, doc)
-        print(f"\nwrote {cfg.json_path}")
 
 
 def sweep(plugin: Trainer, base: BenchConfig, grid: dict, gpus: int, out: str) -> int:

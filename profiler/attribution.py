@@ -21,6 +21,21 @@ BASELINE = "gpu"
 INPUT_CORES_SMALL = 0.1
 
 
+def too_short(result: dict, u: dict) -> str | None:
+    """How much longer a run would tell the path from the baseline (profiler/uncertainty.py too_short_words); with
+    --interleave N, whose ratio's interval is that of the N paired runs, in pairs of runs (--repeats adds none)."""
+    pairs = (result.get("interleaved") or {}).get("pairs")
+    if not pairs:
+        return too_short_words(u)
+    need = u.get("windows_needed") if u.get("within_noise") else None
+    if not need:
+        return None
+    return (
+        f"run too short to tell: about {need} pairs of alternating runs would be needed (--interleave {need}; "
+        f"this run had {pairs})"
+    )
+
+
 def attribute(result: dict, baseline: dict | None) -> dict | None:
     """The attribution block of one path's result; None without a baseline to compare with."""
     if baseline is None:
@@ -47,7 +62,7 @@ def attribute(result: dict, baseline: dict | None) -> dict | None:
         # The ratio's interval (profiler/uncertainty.py): a gap within noise is not split into causes.
         "ratio_interval": u.get("ratio"),
         "within_noise": u.get("within_noise"),
-        "too_short": too_short_words(u),
+        "too_short": too_short(result, u),
     }
     cpu = tel.get("cpu")
     if cpu:

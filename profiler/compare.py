@@ -17,7 +17,8 @@ results of single runs (`--json`, or `--out DIR`'s results.json; docs/results.md
 - the stage whose share of a step's time moved most (`step_shares`).
 
 Exit status, for a CI job: 1 when some path is slower beyond noise, 0 otherwise, 2 for bad input (a file
-that is missing, unreadable or no single run's result; two results of different machines or configurations;
+that is missing, unreadable, no regular file or over 64 MiB, or no single run's result; a figure it reads that
+is of the wrong type or not finite, named by its field; two results of different machines or configurations;
 a result whose model did not train, marked invalid in its `training` block).
 
 What must match (`MACHINE`, `CONFIGURATION`): the machine as the result records it, the trainer, the model,
@@ -37,6 +38,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from core.atomic import NotReadable, read_regular
 from core.errors import FeedbenchError
 from core.registry import BASELINE
 from profiler.report import SCHEMA_VERSION
@@ -66,19 +68,34 @@ class CompareError(FeedbenchError):
     """Two result files that cannot be compared; the message names the file or the difference."""
 
 
+# A result file is kilobytes (a long run's, a few megabytes): a larger one is not a result, and is not read whole.
+MAX_BYTES = 64 * 2**20
+
+
 def load(path: str) -> dict:
-    """One run's result document from `path`; CompareError naming the file when it is none."""
+    """One run's result document from `path`; CompareError naming the file when it is none.
+
+    Only a regular file is read (a FIFO would wait for a writer, a device never end), and at most MAX_BYTES.
+    """
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        text = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
         raise CompareError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise CompareError(f"{path}: a folder, not a result file") from None
+    except NotReadable as e:
+        words = (
+            "a folder, not a result file" if str(e) == "a folder"
+            else f"{e}: too large for a result file" if str(e).startswith("over ")
+            else f"{e}, not a regular file; give a result file of bench_input.py --json"
+        )  # fmt: skip
+        raise CompareError(f"{path}: {words}") from None
     except OSError as e:
         raise CompareError(f"{path}: cannot read it: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise CompareError(f"{path}: not JSON ({e}); give a result file of bench_input.py --json") from None
+    except RecursionError:
+        raise CompareError(f"{path}: not a feedbench result (JSON nested too deep to read)") from None
     return checked(path, doc)
 
 
@@ -99,10 +116,81 @@ def checked(path: str, doc: Any) -> dict:
     if doc["config"].get("find_capacity") or doc.get("capacity"):
         raise CompareError(f"{path}: a capacity search's results (--find-capacity): its images/s are one probe's")
     for name, r in doc["paths"].items():
-        median = ((r or {}).get("images_per_sec") or {}).get("median") if isinstance(r, dict) else None
-        if not isinstance(median, int | float) or median <= 0:
+        ips = r.get("images_per_sec") if isinstance(r, dict) else None
+        median = ips.get("median") if isinstance(ips, dict) else None
+        if not _number(median) or median <= 0:
             raise CompareError(f"{path}: path {name} has no images_per_sec.median to compare")
+        bad = _bad_field(r)
+        if bad:
+            raise CompareError(f"{path}: paths.{name}.{bad[0]}: {bad[1]}; not a result of bench_input.py --json")
     return doc
+
+
+def _number(x: Any) -> bool:
+    """A finite int or float (not a bool): what every figure a comparison reads must be."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _bad_field(r: dict) -> tuple[str, str] | None:
+    """(field, what is wrong with it) for the first figure of one path's result that a comparison reads and that
+    is not what bench_input.py writes; None when all are."""
+    ips = r["images_per_sec"]
+    for key in ("repeats", "windows"):
+        w = ips.get(key)
+        if w is not None and not (isinstance(w, list) and all(_number(x) and x >= 0 for x in w)):
+            return f"images_per_sec.{key}", f"{_excerpt(w)} is not a list of finite images/s"
+    ratio = r.get("ratio_to_baseline")
+    if ratio is not None and not (_number(ratio) and ratio >= 0):
+        return "ratio_to_baseline", f"{_excerpt(ratio)} is not a finite ratio"
+    u = r.get("uncertainty")
+    if u is not None and not isinstance(u, dict):
+        return "uncertainty", f"{_excerpt(u)} is not an object"
+    interval = (u or {}).get("ratio")
+    if interval is not None and not _interval(interval):
+        return "uncertainty.ratio", f"{_excerpt(interval)} is not an interval [low, high] of ratios"
+    conf = (u or {}).get("ratio_confidence")
+    if interval is not None and not (_number(conf) and 0 <= conf <= 1):
+        return "uncertainty.ratio_confidence", f"{_excerpt(conf)} is not a confidence between 0 and 1"
+    return _bad_telemetry(r.get("telemetry"))
+
+
+def _interval(x: Any) -> bool:
+    """[low, high], 0 <= low <= high; high may be +inf (an interval with a window of no images: [0, inf])."""
+    return (
+        isinstance(x, list) and len(x) == 2 and _number(x[0]) and 0 <= x[0]
+        and isinstance(x[1], int | float) and not isinstance(x[1], bool) and x[1] >= x[0]  # NaN fails >=
+    )  # fmt: skip
+
+
+def _bad_telemetry(tel: Any) -> tuple[str, str] | None:
+    """The first telemetry figure `step_shares` reads that is not a finite number (or an object where one is)."""
+    if tel is None:
+        return None
+    objects = [("telemetry", tel)]
+    if isinstance(tel, dict):
+        cpu = tel.get("cpu")
+        objects += [("telemetry.cpu", cpu)]
+        if isinstance(cpu, dict):
+            objects += [("telemetry.cpu.threads", cpu.get("threads")), ("telemetry.cpu.input", cpu.get("input"))]
+            if isinstance(cpu.get("input"), dict):
+                objects.append(("telemetry.cpu.input.producers", cpu["input"].get("producers")))
+            if isinstance(cpu.get("threads"), dict):
+                objects += [(f"telemetry.cpu.threads.{k}", v) for k, v in cpu["threads"].items()]
+    for field, value in objects:
+        if value is not None and not isinstance(value, dict):
+            return field, f"{_excerpt(value)} is not an object"
+    read = [(f, v) for f, v in objects if f.startswith("telemetry.cpu.threads.") or f.endswith(".producers")]
+    figures = [("telemetry.input_wait_share", tel.get("input_wait_share"))]
+    figures += [(f"{f}.cores", v.get("cores")) for f, v in read if isinstance(v, dict)]
+    for field, value in figures:
+        if value is not None and isinstance(value, int | float) and not _number(value):
+            return field, f"{_excerpt(value)} is not finite"
+    return None
+
+
+def _excerpt(x: Any) -> str:
+    words = json.dumps(x) if not isinstance(x, float) else repr(x)
+    return words if len(words) <= 40 else words[:37] + "..."
 
 
 def _model(doc: dict) -> str:

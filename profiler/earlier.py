@@ -17,21 +17,35 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from core.atomic import NotReadable, read_regular
 from core.errors import OutputError
 
 EARLIER = "earlier"
 
 
+# An earlier results.json larger than this is not read for its time (its files' time is taken instead).
+READ_AT_MOST = 64 * 2**20
+
+
 def _made_at(out_dir: str, names: Sequence[str]) -> float:
-    """When the earlier set was made: its JSON's `started`, else its oldest file's modification time."""
+    """When the earlier set was made: its JSON's `started` where that is a time up to now, else its oldest file's
+    modification time. A file that does not read as a result (not JSON, nested too deep, a `started` of 1e300 or
+    NaN) is still kept: only its time is taken from the file system."""
     for name in names:
         if name.endswith(".json"):
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                with open(os.path.join(out_dir, name)) as f:
-                    started = json.load(f).get("started")
-                if isinstance(started, int | float):
+            with contextlib.suppress(OSError, ValueError, RecursionError, NotReadable, AttributeError):
+                started = json.loads(read_regular(os.path.join(out_dir, name), READ_AT_MOST)).get("started")
+                if isinstance(started, int | float) and 0 <= started <= time.time() + 86400:
                     return float(started)
     return min(os.path.getmtime(os.path.join(out_dir, n)) for n in names)
+
+
+def _stamp(seconds: float) -> str:
+    """The earlier set's folder name: its UTC time, or the epoch where the time cannot be one (a clock far off)."""
+    try:
+        return time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime(seconds))
+    except (OverflowError, ValueError, OSError):
+        return time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime(0))
 
 
 def keep_earlier(out_dir: str, names: Iterable[str]) -> str | None:
@@ -39,7 +53,7 @@ def keep_earlier(out_dir: str, names: Iterable[str]) -> str | None:
     old = [n for n in names if os.path.isfile(os.path.join(out_dir, n))]
     if not old:
         return None
-    stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime(_made_at(out_dir, old)))
+    stamp = _stamp(_made_at(out_dir, old))
     dest, n = os.path.join(out_dir, EARLIER, stamp), 1
     while os.path.exists(dest):
         n += 1

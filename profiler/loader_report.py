@@ -93,6 +93,10 @@ def text(doc: dict) -> str:
             disable_numparse=True,
         ),
     ]
+    dup = doc.get("duplicates")
+    given = "the loader as given" + (f" (num_workers={dup['num_workers']})" if (dup or {}).get("num_workers") else "")
+    if words := duplicates_words(dup, given):
+        out.append(words)
     d, n = doc.get("demand"), doc.get("needs")
     if d and n:
         words = demand_words(d)
@@ -111,6 +115,25 @@ def text(doc: dict) -> str:
     if st:
         out += ["", stages_text(st)]
     return "\n".join(out)
+
+
+def duplicates_words(dup: dict | None, what: str) -> str | None:
+    """The line that says a setting yields each sample more than once per epoch (or could not be checked for it);
+    None when it does not (core/loader_duplicates.py `duplicates`)."""
+    if dup is None:
+        return None
+    if not dup["checked"]:
+        return (
+            f"{what}: not checked for samples repeated by its workers ({dup['why']}); a DataLoader over "
+            "an IterableDataset repeats every sample in each worker unless its __iter__ splits them "
+            "(torch.utils.data.get_worker_info)"
+        )
+    return (
+        f"warning: {what}: an epoch yields {dup['samples_per_epoch']:,} samples where one process yields "
+        f"{dup['single_process']:,}: the IterableDataset is not split between the DataLoader's workers, so each "
+        f"sample comes about {dup['samples_per_epoch'] / dup['single_process']:.3g} times and the images/s count "
+        "the copies; split it in __iter__ (torch.utils.data.get_worker_info) before using this setting"
+    )
 
 
 def stages_text(st: dict) -> str:

@@ -187,6 +187,10 @@ def check_output_places(json_path: str | None, out_dir: str | None) -> None:
             raise ConfigError(f"--json {json_path}: exists and is {kind}, not a regular file; refusing to replace it")
         writable_folder("--json", json_path, folder)
     if out_dir:
+        if os.path.islink(out_dir) and not os.path.exists(out_dir):
+            raise ConfigError(
+                f"--out {out_dir}: a symlink to {os.readlink(out_dir)}, which does not exist; create that folder first"
+            )
         if os.path.exists(out_dir) and not os.path.isdir(out_dir):
             raise ConfigError(f"--out {out_dir}: exists and is not a folder")
         writable_folder(

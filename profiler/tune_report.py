@@ -19,8 +19,9 @@ from tabulate import tabulate
 from core.atomic import atomic_write, write_all
 from core.loader_settings import call_arguments
 from core.loader_spec import LoaderSpec
+from core.loader_stages import UNACCOUNTED, limiting
 from profiler.earlier import write_keeping_earlier
-from profiler.loader_report import Demand, demand_words, stages_text
+from profiler.loader_report import Demand, demand_words, duplicates_words, stages_text
 
 CORES_BOUND = 0.9  # a setting that used this share of the machine's cores has the cores as its limit
 
@@ -43,7 +44,8 @@ def _limit(best: dict, stages: dict | None, machine_cores: int) -> dict:
     """What limits the best setting: the slowest stage of a sample, and whether it used the machine's cores."""
     slowest = None
     if stages and stages.get("stages"):
-        top = max(stages["stages"], key=lambda s: s["share"])
+        # The largest stage, or what no stage covers where that is larger (the listed stages explain little).
+        top = limiting(stages["stages"], stages["shares_sum"], stages["seconds_per_sample"])
         slowest = {"stage": top["name"], "share": top["share"], "seconds_per_sample": top["seconds_per_sample"]}
     return {
         "slowest_stage": slowest,
@@ -115,10 +117,14 @@ def text(doc: dict) -> str:
         "the demand is measured in fresh processes: their median, and an interval spanning theirs"
     )
     out += [f"{s['setting']}: not tried: {s['why']}" for s in tu["not_tried"]]
+    repeated = {t["duplicates"]["num_workers"]: t["duplicates"] for t in tu["tried"] if t.get("duplicates")}
+    out += [duplicates_words(dup, f"num_workers={n}") for n, dup in repeated.items()]
     out.append("")
     if tu["chosen"]:
         c = tu["chosen"]
         out += [f"the smallest setting that meets it: {_words(c['setting'])}: {_figures(c)}", "", f"    {c['line']}"]
+        if words := duplicates_words(c.get("duplicates"), "this setting"):
+            out += ["", words]
         return "\n".join(out)
     s = tu["shortfall"]
     out.append(
@@ -142,6 +148,11 @@ def _limit_words(limit: dict, machine_cores: int) -> str:
         if st
         else f"no stage named: {limit['stages_note']}"
     )
+    if st and st["stage"] == UNACCOUNTED:
+        stage = (
+            f"the limit is none of the listed stages: they explain {100 * (1 - st['share']):.1f}% of a sample's "
+            f"time; {100 * st['share']:.1f}% ({1e3 * st['seconds_per_sample']:.2f} ms per sample) is {UNACCOUNTED}"
+        )
     used = f"the best setting used {limit['cores_used']:.2f} of the machine's {machine_cores} cores"
     if limit["cores_bound"]:
         return f"{stage}; {used}: the cores are used up (a cheaper stage, or more cores)"

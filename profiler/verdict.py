@@ -30,9 +30,9 @@ import re
 from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
-from profiler.attribution import add_attribution, sentence
+from profiler.attribution import add_attribution, sentence, too_short
 from profiler.training import invalid_reason, invalid_words
-from profiler.uncertainty import WITHIN_NOISE, too_short_words, uncertainty
+from profiler.uncertainty import WITHIN_NOISE, uncertainty
 
 HIGH, MODERATE = 0.20, 0.05
 LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured", WITHIN_NOISE)
@@ -95,12 +95,15 @@ def _within_noise(path: str, result: dict, evidence: list[str]) -> dict:
     u = result["uncertainty"]
     lo, hi = u["ratio"]
     ratio = result.get("ratio_to_baseline")
+    pairs = (result.get("interleaved") or {}).get("pairs")
+    # With --interleave N the interval is that of the N paired ratios, not of the path's own windows.
+    over = f"{pairs} pairs of alternating runs (--interleave {pairs})" if pairs else f"{u['windows']} windows"
     evidence.append(
-        f"{ratio:.2f} of the baseline, interval {lo:.2f}–{hi:.2f} over {u['windows']} windows holds 1.0"
+        f"{ratio:.2f} of the baseline, interval {lo:.2f}–{hi:.2f} over {over} holds 1.0"
         if ratio is not None
         else f"ratio interval {lo:.2f}–{hi:.2f} holds 1.0"
     )
-    advice = too_short_words(u) or "nothing to change on this evidence: no difference from the baseline to explain"
+    advice = too_short(result, u) or "nothing to change on this evidence: no difference from the baseline to explain"
     return {"level": WITHIN_NOISE, "limiting_stage": "none", "evidence": "; ".join(evidence), "advice": advice}
 
 

@@ -31,6 +31,7 @@ import psutil
 
 from core import loader_processes, loader_start
 from core.errors import ConfigError, FeedbenchError
+from core.loader_duplicates import count_epochs, duplicates
 from core.loader_spec import DEFAULT_TIMEOUT, LoaderError, LoaderSpec, allow_children, batches, worker_seed
 from producers import parent
 from producers.launcher import stop_workers
@@ -243,6 +244,21 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
         stop_all()
 
 
+def epoch_counts(opts: Options, workers: list[int] | None) -> tuple[int, dict[int, int | None] | None]:
+    """(the last worker count asked about, core.loader_duplicates.count_epochs of the loader made once with 0
+    and each of `workers` DataLoader workers, None: its own num_workers). Run in a fresh process."""
+    allow_children()  # a DataLoader's workers are this process's children
+    obj = opts.spec.build(opts.seed, 0, 1, {}, timeout=opts.timeout)
+    given = [getattr(obj, "num_workers", 0)] if workers is None else workers
+    return given[-1] if given else 0, count_epochs(obj, given, opts.spec.name)
+
+
+def samples_per_epoch(opts: Options, workers: list[int] | None = None) -> tuple[int, dict[int, int | None] | None]:
+    """`epoch_counts` in a fresh process: the counts are None for a loader that cannot repeat samples per worker
+    (core/loader_duplicates.py)."""
+    return in_fresh_process(opts.spec.name, "the epoch-counting process", epoch_counts, opts, workers)
+
+
 def stop_trees(procs: list, readers: list[Connection], stop, name: str) -> None:
     """stop_workers, then whatever the workers' loaders started that outlived them; says what the loader `name`
     left running (each worker's "left" message, core/loader_processes.py).
@@ -451,7 +467,19 @@ def main(args) -> int:
     with timeline or contextlib.nullcontext():
         rows, stages = _measure_all(args, spec, opts, counts, timeline)
     doc = loader_report.document(spec.name, rows, demand, stages, os.cpu_count() or 1)
+    doc["duplicates"] = given_duplicates(opts)
     return print_and_write(args, doc, loader_report, timeline_files(timeline.document()) if timeline else None)
+
+
+def given_duplicates(opts: Options) -> dict | None:
+    """Whether the loader as given yields each sample more than once per epoch (a DataLoader whose workers each
+    iterate all of an IterableDataset): `core.loader_duplicates.duplicates`, or why it could not be checked."""
+    with private_tmpdir():
+        try:
+            workers, counts = samples_per_epoch(opts)
+        except LoaderError as e:
+            return {"checked": False, "num_workers": None, "why": str(e)}
+    return duplicates(counts, workers)
 
 
 def demand_of(args) -> Demand | None:

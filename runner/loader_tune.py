@@ -23,7 +23,8 @@ import os
 from core import loader_settings
 from core.errors import ConfigError
 from core.gpus import nvidia_gpus
-from core.loader_spec import LoaderSpec, kind_of
+from core.loader_duplicates import duplicates
+from core.loader_spec import LoaderError, LoaderSpec, kind_of
 from profiler.loader_report import Demand
 from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
@@ -35,6 +36,7 @@ from runner.loader_only import (
     measure,
     print_and_write,
     private_tmpdir,
+    samples_per_epoch,
     stage_timing,
     worker_counts,
 )
@@ -135,6 +137,7 @@ def search(opts: Options, kind: str, grid: list[dict], demand: Demand, timeline:
     """Each setting measured in turn (one copy of the loader, the sweep's measurement) until one meets the demand,
     that one in CONFIRM_PROCESSES fresh processes."""
     tried = []
+    checks = _DuplicateChecks()
     for setting in grid:
         at = dataclasses.replace(opts, spec=spec_with(opts.spec, kind, setting))
         points = [measure(at, 1, timeline, short_label(setting))]
@@ -143,6 +146,7 @@ def search(opts: Options, kind: str, grid: list[dict], demand: Demand, timeline:
                 measure(at, 1, timeline, f"{short_label(setting)} #{i}") for i in range(2, CONFIRM_PROCESSES + 1)
             ]
         row = tune_row(setting, points, demand.total)
+        row["duplicates"] = checks.of(at, kind, setting)
         tried.append(row)
         over = f" (median of {len(points)} fresh processes)" if len(points) > 1 else ""
         print(
@@ -153,6 +157,29 @@ def search(opts: Options, kind: str, grid: list[dict], demand: Demand, timeline:
         if row["meets"]:
             break
     return tried
+
+
+class _DuplicateChecks:
+    """Each DataLoader worker count's epoch against one process's (core/loader_duplicates.py), counted once per
+    count, in a fresh process; none at all once the loader shows it cannot repeat samples per worker."""
+
+    def __init__(self) -> None:
+        self.found: dict[int, dict | None] = {}
+        self.possible = True
+
+    def of(self, opts: Options, kind: str, setting: dict) -> dict | None:
+        """The `duplicates` figures of a setting (None: each sample once per epoch, or nothing to check)."""
+        n = setting.get("num_workers") or 0
+        if kind != "dataloader" or n < 2 or not self.possible:
+            return None
+        if n not in self.found:
+            try:
+                workers, counts = samples_per_epoch(opts, [n])
+            except LoaderError as e:
+                return {"checked": False, "num_workers": n, "why": str(e)}
+            self.possible = counts is not None
+            self.found[n] = duplicates(counts, workers)
+        return self.found[n]
 
 
 def tune_row(setting: dict, points: list[dict], demand: float) -> dict:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -246,6 +249,61 @@ def test_a_bad_file_is_one_line_naming_it(procs, result, tmp_path, content, word
         assert err.strip().splitlines() == [err.strip()] and err.startswith(f"error: {bad}: ") and words in err, err
 
 
+def _set(doc: dict, dotted: str, value) -> None:
+    """Set the field `dotted` (paths.python-queue.images_per_sec.repeats) of `doc` to `value`."""
+    *parents, last = dotted.split(".")
+    for key in parents:
+        doc = doc.setdefault(key, {})
+    doc[last] = value
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("images_per_sec.repeats", "abc", 'paths.python-queue.images_per_sec.repeats: "abc" is not a list'),
+        ("images_per_sec.repeats", [1.0, math.inf], "images_per_sec.repeats: [1.0, Infinity] is not a list of finite"),
+        ("images_per_sec.median", math.nan, "path python-queue has no images_per_sec.median"),
+        ("images_per_sec", [1.0], "path python-queue has no images_per_sec.median"),
+        ("ratio_to_baseline", "0.9", 'paths.python-queue.ratio_to_baseline: "0.9" is not a finite ratio'),
+        ("ratio_to_baseline", math.nan, "paths.python-queue.ratio_to_baseline: nan is not a finite ratio"),
+        ("uncertainty.ratio", [0.9], "paths.python-queue.uncertainty.ratio: [0.9] is not an interval"),
+        ("uncertainty", "x", 'paths.python-queue.uncertainty: "x" is not an object'),
+        ("telemetry.cpu", [1], "paths.python-queue.telemetry.cpu: [1] is not an object"),
+        ("telemetry.input_wait_share", math.inf, "paths.python-queue.telemetry.input_wait_share: inf is not finite"),
+    ],
+)
+def test_a_malformed_figure_is_exit_2_naming_the_file_and_the_field(procs, result, tmp_path, field, value, words):
+    """Not exit 1 (which says a path is slower beyond noise) nor a traceback, nor NaN read as within noise."""
+    new = edited(result, tmp_path, lambda doc: _set(doc, f"paths.python-queue.{field}", value))
+    code, out, err = compare(procs, result, new)
+    assert code == 2 and out == "", out + err
+    assert err.strip().splitlines() == [err.strip()] and err.startswith(f"error: {new}: ") and words in err, err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "deep", "huge"])
+def test_a_file_that_is_no_result_is_refused_without_waiting_or_reading_it_whole(procs, result, tmp_path, kind):
+    """A FIFO (no writer ever comes), a link to /dev/zero (never ends), JSON nested 200,000 deep, a 65 MiB file:
+    exit 2 at once, one line naming the file, from profiler.compare and from bench_input.py --compare alike."""
+    bad = tmp_path / "bad.json"
+    if kind == "fifo":
+        os.mkfifo(bad)
+    elif kind == "/dev/zero":
+        bad.symlink_to("/dev/zero")
+    elif kind == "deep":
+        bad.write_text("[" * 200_000 + "]" * 200_000)
+    else:
+        with open(bad, "wb") as f:
+            f.truncate(65 * 2**20)  # sparse: no disk used
+    words = {"fifo": "not a regular file", "/dev/zero": "not a regular file", "deep": "nested too deep",
+             "huge": "over 64 MiB"}[kind]  # fmt: skip
+    code, out, err = compare(procs, bad, result)
+    assert code == 2 and out == "" and err.strip() == err.strip().splitlines()[0], err
+    assert err.startswith(f"error: {bad}: ") and words in err, err
+    code, out, err = bench(procs, *RUN, "--compare", str(bad), "--json", str(tmp_path / "new.json"), timeout=120)
+    assert code == 2 and "images/s" not in out and len(errors(err)) == 1, err[-2000:]
+    assert errors(err)[0].startswith(f"error: {bad}: ") and words in errors(err)[0], err[-2000:]
+
+
 def test_compare_needs_two_files(procs):
     p = procs.start("-m", "profiler.compare", "only-one.json")
     out, err = p.communicate(timeout=60)
@@ -273,6 +331,31 @@ def test_bench_input_compare_is_refused_before_the_run(procs, result, tmp_path, 
     assert code == 2
     assert errors(err) == [errors(err)[0]] and words.format(**names) in errors(err)[0], err[-2000:]
     assert "images/s" not in out and not new.exists() and not (tmp_path / "out").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    "how", ["--json OLD", "--compare naming a link to --json", "--out holding OLD as results.json"]
+)
+def test_compare_with_a_file_the_run_writes_is_refused_before_the_run(procs, result, tmp_path, how):
+    """OLD would be replaced by the run's own results and the run compared with itself (within noise, exit 0,
+    whatever it measured): refused in one line before anything runs, OLD left as it was."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    old = folder / "results.json" if how.startswith("--out") else tmp_path / "same.json"
+    shutil.copy(result, old)
+    before = old.read_bytes()
+    if how == "--json OLD":
+        extra = ["--compare", str(old), "--json", str(old)]
+    elif how == "--compare naming a link to --json":
+        (tmp_path / "link.json").symlink_to(old)
+        extra = ["--compare", str(tmp_path / "link.json"), "--json", str(old)]
+    else:
+        extra = ["--compare", str(tmp_path / "d" / ".." / "d" / "results.json"), "--out", str(folder)]
+    code, out, err = bench(procs, *RUN, *extra, timeout=120)
+    assert code == 2, err[-2000:]
+    assert errors(err) == [errors(err)[0]] and "which this run writes" in errors(err)[0], err[-2000:]
+    assert "images/s" not in out and old.read_bytes() == before  # nothing ran, OLD untouched
+    assert sorted(p.name for p in folder.iterdir()) == (["results.json"] if how.startswith("--out") else [])
 
 
 # --- real runs compared: the rates decide, so these run alone ------------------------------------------

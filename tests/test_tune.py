@@ -225,3 +225,128 @@ def test_loaders_with_nothing_to_tune_are_one_line_naming_the_type_and_what_it_n
     line = _refused("--loader", "examples/torchvision_imagefolder.py:make_dataset", "--loader-arg", f"data={data}",
                     *demand)  # fmt: skip
     assert "returns a map-style ImageFolder that feedbench batches itself" in line and "DataLoader over it" in line
+
+
+# --- a DataLoader whose workers each yield the whole IterableDataset ---------------------------------------
+
+STREAM = '''
+import time
+
+import numpy as np
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+SAMPLES = 512
+
+
+class Stream(IterableDataset):
+    """SAMPLES samples, 2 ms each; `split`: each DataLoader worker takes its share, else every worker all of them."""
+
+    def __init__(self, split):
+        self.split = split
+
+    def __iter__(self):
+        info = get_worker_info() if self.split else None
+        start, step = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(start, SAMPLES, step):
+            time.sleep(0.002)
+            yield np.full((8, 8, 3), i % 256, np.uint8), i
+
+
+def make(num_workers=0, split=False):
+    return DataLoader(Stream(split), batch_size=16, num_workers=num_workers)
+'''
+REPEATED = {"checked": True, "num_workers": 2, "samples_per_epoch": 1024, "single_process": 512}
+
+
+def _loader_only(tmp_path: Path, *flags: str) -> tuple[dict, str]:
+    (tmp_path / "stream_loader.py").write_text(STREAM)
+    json_path = tmp_path / "r.json"
+    p = start("bench_input.py", "--loader", f"{tmp_path / 'stream_loader.py'}:make", "--loader-only",
+              "--no-stages", *flags, "--json", str(json_path))  # fmt: skip
+    code, text, err = finish(p, 300)
+    assert code == 0, err[-3000:]
+    assert left_in_session(p.pid) == []
+    return json.loads(json_path.read_text()), text
+
+
+def test_tune_says_which_settings_repeat_every_sample_of_an_unsplit_iterable_dataset(tmp_path):
+    """2 workers over an IterableDataset that does not split itself: 1,024 samples per epoch, 512 distinct; the
+    rate counts the copies. Every such setting tried carries the counts and a warning line, and one that meets
+    the demand is never printed as the line to paste without that warning; 0 and 1 worker repeat nothing."""
+    # One worker gives at most 500 samples/s (2 ms each): 650 needs a second, which only copies them.
+    doc, text = _loader_only(tmp_path, "--tune", "--target-rate", "650", "--loader-workers", "2",
+                             "--loader-seconds", "0.5")  # fmt: skip
+    check_part(doc["tune"], "loader_tune")
+    tried = doc["tune"]["tried"]
+    assert [t["duplicates"] for t in tried if t["setting"]["num_workers"] < 2] == [None] * 4, tried
+    two = [t["duplicates"] for t in tried if t["setting"]["num_workers"] == 2]
+    assert two and all(d == REPEATED for d in two), tried
+    assert "warning: num_workers=2: an epoch yields 1,024 samples where one process yields 512" in text, text
+    chosen = doc["tune"]["chosen"]
+    if chosen is not None and chosen["setting"]["num_workers"] == 2:
+        assert chosen["duplicates"] == REPEATED
+        assert text.index("warning: this setting: an epoch yields 1,024") > text.index(chosen["line"]), text
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_loader_only_sweep_says_when_the_loader_as_given_repeats_samples(tmp_path, split):
+    """The sweep's figures of a DataLoader(num_workers=2) over an unsplit IterableDataset count each sample
+    twice, and its report says so; the same loader splitting its samples between the workers is not flagged."""
+    doc, text = _loader_only(tmp_path, "--loader-arg", "num_workers=2", "--loader-arg", f"split={split}",
+                             "--loader-workers", "1", "--loader-seconds", "0.3")  # fmt: skip
+    if split:
+        assert doc["duplicates"] is None and "an epoch yields" not in text
+    else:
+        assert doc["duplicates"] == REPEATED
+        assert "warning: the loader as given (num_workers=2): an epoch yields 1,024 samples" in text, text
+
+
+SLOW_GETITEM = '''
+import time
+
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):
+    """Its cost is its own __getitem__ (5 ms a sample), around two transforms that take next to nothing."""
+
+    def __init__(self):
+        self.transform = [lambda x: x, lambda x: x]
+
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        image = np.zeros((8, 8, 3), np.uint8)
+        for step in self.transform:
+            image = step(image)
+        return image, i
+
+
+def make():
+    return DataLoader(Slow(), batch_size=8)
+'''
+
+
+def test_when_the_listed_stages_explain_little_the_limit_is_what_they_leave_out(tmp_path):
+    """The two transforms are timed and take a fraction of a percent of a sample: the limit named is the time
+    outside them (the dataset's own __getitem__), with the share the stages do explain, not `<lambda>#2`."""
+    (tmp_path / "slow_getitem.py").write_text(SLOW_GETITEM)
+    json_path = tmp_path / "r.json"
+    p = start("bench_input.py", "--loader", f"{tmp_path / 'slow_getitem.py'}:make", "--loader-only", "--tune",
+              "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "0.3", "--json", str(json_path))  # fmt: skip
+    code, text, err = finish(p, 300)
+    assert code == 0, err[-3000:]
+    doc = json.loads(json_path.read_text())
+    check_part(doc["tune"], "loader_tune")
+    assert [s["name"] for s in doc["stages"]["stages"]] == ["<lambda>", "<lambda>#2"]
+    assert doc["stages"]["shares_sum"] < 0.1, doc["stages"]
+    limit = doc["tune"]["shortfall"]["limit"]["slowest_stage"]
+    assert limit["stage"] == "the dataset's own code outside the listed stages (its __getitem__ around them)"
+    assert limit["share"] > 0.9 and limit["seconds_per_sample"] >= 0.005, limit
+    line = next(ln for ln in text.splitlines() if ln.startswith("the limit is"))
+    assert line.startswith("the limit is none of the listed stages: they explain "), line
+    assert "is the dataset's own code outside the listed stages" in line and "<lambda>" not in line, line
+    assert "slowest stage: none of the listed stages: they explain " in text, text
