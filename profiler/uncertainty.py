@@ -56,6 +56,28 @@ NEGLIGIBLE = 0.01
 NOISY_SPREAD = 0.10
 
 
+# A window measured between two batch boundaries (it opens when a batch arrives) needs this many batches after
+# the one that opened it: prefetched batches arrive in bursts, and a window of one burst has a time near zero.
+BOUNDARY_BATCHES = 3
+# A window that opens at a step's or a pass's start holds whole batches' time from its first batch on: one does.
+STEP_BATCHES = 1
+
+
+def window_rate(images: float, seconds: float, batches: int, need: int = BOUNDARY_BATCHES) -> float | None:
+    """Images/s of one timed window, or None ("not measured") where it timed fewer than `need` batches or no
+    time: the one place a rate is divided out of a window's time (loader-only and its slices, --tune, --epochs,
+    the trainers' windows and so the capacity probes), so that a denominator near zero never becomes a figure.
+    """
+    if batches < need or not math.isfinite(seconds) or seconds <= 0 or not math.isfinite(images):
+        return None
+    return images / seconds
+
+
+def not_measured(batches: int) -> str:
+    """What a table and the JSON say in place of a rate from too few batches."""
+    return f"not measured ({batches:g} batches in the window)"
+
+
 def _binom_tail(n: int) -> list[float]:
     """P(Binomial(n, 1/2) < k) for k = 0 .. n // 2 + 1, in one pass (n up to thousands: exact integers)."""
     out, below, c = [0.0], 0, 1

@@ -25,6 +25,7 @@ its input measurably used CPU; otherwise the gap is called unexplained.
 from __future__ import annotations
 
 import math
+import os
 import re
 
 from tabulate import tabulate
@@ -162,11 +163,16 @@ def _producer_advice(maker: dict | None, prod: dict, baseline_ips: float | None,
         workers = max(1, maker.get("workers") or 1)
         per_worker = prod["images_per_sec"] / workers
         needed = math.ceil(baseline_ips / per_worker) if baseline_ips and per_worker > 0 else None
+        stage = f"speed up its slowest stage (bench_input.py --loader {maker['loader']} --loader-only names it)"
+        cores = os.cpu_count() or 1
+        if needed and needed > cores:  # a worker uses at most a core: past the cores, more of them cannot help
+            return (
+                f"{maker['name']} limits at {per_worker:.0f} img/s per worker (a worker uses at most one core): "
+                f"{need} needs about {needed} cores at that rate and this machine has {cores}, so more workers "
+                f"cannot help a CPU-bound loader here; {stage}, or run its producers on machines with those cores"
+            )
         how = f"about {needed} workers (--producers x --producer-workers; now {workers})" if needed else "more workers"
-        return (
-            f"{maker['name']} limits at {per_worker:.0f} img/s per worker: run {how}, or speed up its slowest "
-            f"stage (bench_input.py --loader {maker['loader']} --loader-only names it)"
-        )
+        return f"{maker['name']} limits at {per_worker:.0f} img/s per worker: run {how}, or {stage}"
     return "add producers (--producers) or workers (--producer-workers), or use DALI"
 
 
@@ -198,6 +204,20 @@ def _without(name: str, advice: str) -> str:
     return out or "speed up this path's own stages"
 
 
+SAME_FIGURE = 0.05  # the producers' own count and the trainer's rate closer than this share are one figure
+
+
+def _delivered(counted: float, ips: float) -> str:
+    """The rate the input delivered, as the table has it; the producers' own count beside it only where it
+    differs, said as what it is: a count over another span than the trainer's timed windows."""
+    if ips > 0 and abs(counted - ips) <= SAME_FIGURE * ips:
+        return f"{ips:.1f} img/s"
+    return (
+        f"{ips:.1f} img/s to the trainer in its timed windows (the table's figure; {counted:.1f} img/s by their own "
+        "count, taken over another span)"
+    )
+
+
 def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None) -> tuple[str, str]:
     """The input limits: the producers' figures say which side of the wire (stage, advice)."""
     prod = (result.get("telemetry") or {}).get("producers")
@@ -208,7 +228,7 @@ def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None)
     who = maker["name"] if maker and maker["kind"] in ("loader", "external") else "producers"
     if prod is not None and not _busy(prod):
         evidence.append(
-            f"{who} deliver{'s' if who != 'producers' else ''} {prod['images_per_sec']:.0f} img/s{against}, "
+            f"{who} deliver{'s' if who != 'producers' else ''} {_delivered(prod['images_per_sec'], ips)}{against}, "
             f"waiting to send only {100 * (prod['send_wait_share'] or 0):.0f}% of their time"
         )
         return "producer", _producer_advice(maker, prod, baseline_ips, ips)

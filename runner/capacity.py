@@ -242,12 +242,30 @@ def ranking_line(results: dict[str, dict]) -> str | None:
 
 
 def _interval_text(c: dict) -> str:
+    """The capacity's interval; an end this run did not bound (no probe kept up: 0; the first demand, where the
+    search started) is said so, not given as a figure."""
     iv = c.get("interval")
     if not iv or iv[0] is None:
         return "-"
+    first = c["probes"][0]["demand_images_per_sec"] if c.get("probes") else None
     if iv[1] is None:
-        return f">= {rate_text(iv[0])}"
-    return f"{rate_text(iv[0])}–{rate_text(iv[1])}"
+        return f">= {rate_text(iv[0])} (not bounded above by this run)"
+    lo, hi = _distinct(iv[0], iv[1])
+    if iv[0] <= 0:
+        return f"< {hi} (not bounded below by this run)"
+    if first is not None and math.isclose(iv[1], first):
+        return f">= {lo}, below the first demand {hi} (not bounded closer by this run)"
+    return f"{lo}–{hi}"
+
+
+def _distinct(a: float, b: float) -> tuple[str, str]:
+    """Two different rates as texts that differ too: rate_text, with decimals added until they do."""
+    ta, tb = rate_text(a), rate_text(b)
+    digits = 1
+    while ta == tb and a != b and digits <= 6:
+        ta, tb = f"{a:,.{digits}f}", f"{b:,.{digits}f}"
+        digits += 1
+    return ta, tb
 
 
 def overlap_lines(results: dict[str, dict]) -> list[str]:
@@ -306,6 +324,8 @@ def failed_lines(results: dict[str, dict]) -> list[str]:
 
 
 def _bracket(lo: float | None, hi: float | None) -> str:
-    a = "-" if lo is None else rate_text(lo)
-    b = "-" if hi is None else rate_text(hi)
+    """`3,430.2 ok / 3,430.9 short`: the two ends, never printed alike."""
+    a, b = _distinct(lo, hi) if lo is not None and hi is not None else (None, None)
+    a = a or ("-" if lo is None else rate_text(lo))
+    b = b or ("-" if hi is None else rate_text(hi))
     return f"{a} ok / {b} short"

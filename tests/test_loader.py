@@ -460,7 +460,9 @@ def test_the_verdict_tells_a_loader_run_its_workers_and_an_external_one_its_rate
     prod = {"images_per_sec": 310.0, "send_wait_share": 0.02, "send_latency_ms": 1.0, "count": 2}
     v, *_ = _verdict_of(cfg, 0.41, prod, 310, 540)
     assert v["limiting_stage"] == "producer"
-    assert f"loader {loader} limits at 155 img/s per worker" in v["advice"] and "about 4 workers" in v["advice"]
+    assert f"loader {loader} limits at 155 img/s per worker" in v["advice"]
+    # 4 workers' worth: as many workers where the machine has the cores, else the cores it would need.
+    assert ("about 4 workers" if (os.cpu_count() or 1) >= 4 else "needs about 4 cores") in v["advice"], v["advice"]
     assert "--loader-only" in v["advice"] and "zmq-consume" not in v["advice"]
 
     ext = BenchConfig(paths=["zmq-consume"], endpoint="tcp://127.0.0.1:5555")
