@@ -13,7 +13,7 @@ inside the trainer (its threads, by name).
 
 from __future__ import annotations
 
-from profiler.uncertainty import WITHIN_NOISE, too_short_words
+from profiler.uncertainty import WITHIN_NOISE, baseline_for, too_short_words
 
 BASELINE = "gpu"
 # Below this many cores, the input's host work cannot be what made the steps slower.
@@ -72,9 +72,8 @@ def attribute(result: dict, baseline: dict | None) -> dict | None:
 
 def add_attribution(results: dict[str, dict]) -> None:
     """Give every path its attribution against the baseline of the same invocation."""
-    base = results.get(BASELINE)
-    for r in results.values():
-        r["attribution"] = attribute(r, base)
+    for path, r in results.items():
+        r["attribution"] = attribute(r, baseline_for(results, path))
 
 
 def sentence(path: str, a: dict | None) -> str:

@@ -45,6 +45,8 @@ import statistics
 import struct
 from collections.abc import Sequence
 
+from core.registry import BASELINE
+
 CONFIDENCE = 0.95
 # The order-statistics interval of the median reaches 95% from this many windows on.
 MIN_WINDOWS_95 = 6
@@ -238,6 +240,13 @@ def ratio_interval(
         return 0.0, math.inf, 0.0, "pairwise ratios"
     lo, hi, conf = shift_interval([math.log(v) for v in path_windows], [math.log(v) for v in base_windows])
     return math.exp(lo), math.exp(hi), conf, "pairwise ratios"
+
+
+def baseline_for(results: dict[str, dict], path: str) -> dict | None:
+    """The baseline a path's result is compared with: with --find-capacity, the baseline run at the demand of
+    the path's own capacity probe (runner/capacity.py keeps that probe as the path's result); else the run's."""
+    own = (results[path].get("capacity") or {}).get("baseline") if path != BASELINE else None
+    return own or results.get(BASELINE)
 
 
 def window_rates(result: dict) -> list[float]:

@@ -32,7 +32,7 @@ from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence
-from profiler.uncertainty import WITHIN_NOISE, too_short_words, uncertainty
+from profiler.uncertainty import WITHIN_NOISE, baseline_for, too_short_words, uncertainty
 
 HIGH, MODERATE = 0.20, 0.05
 LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured", WITHIN_NOISE)
@@ -326,12 +326,11 @@ def add_verdicts(results: dict[str, dict], framework: str | None = None) -> None
     `framework` ("tf" or "torch") picks the words for a faster model step; without it, each result's own
     `framework` field, else advice that holds for both.
     """
-    base = results.get(BASELINE)
-    base_ips = base["images_per_sec"]["median"] if base else None
     for path, r in results.items():
+        base = baseline_for(results, path)  # a capacity probe's own baseline, at its demand
         if "uncertainty" not in r:  # add_ratios gives it; a caller that skipped it still gets noise-aware verdicts
             r["uncertainty"] = uncertainty(r, base, is_baseline=path == BASELINE)
-        r["verdict"] = verdict(path, r, base_ips, framework)
+        r["verdict"] = verdict(path, r, base["images_per_sec"]["median"] if base else None, framework)
     for path, r in results.items():  # advice to switch to a path this very run measured no better is dropped
         v = r["verdict"]
         for other, o in results.items():

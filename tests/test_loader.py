@@ -21,6 +21,7 @@ import pytest
 from conftest import QUICK_PROBE_FLAGS
 
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
+from tests.schema import check_figures
 
 ROOT = Path(__file__).resolve().parent.parent
 TV = "examples/torchvision_imagefolder.py"
@@ -314,6 +315,7 @@ def test_loader_only_sweeps_up_to_the_cores_with_a_demand_and_stages_that_add_up
     code, text, err = finish(p, 300)
     assert code == 0, err
     doc = json.loads((out / "loader.json").read_text())
+    check_figures(doc)
     assert (out / "loader.png").read_bytes()[:4] == b"\x89PNG"
     assert [r["workers"] for r in doc["points"]][-1] == os.cpu_count()
     # The demand: 8 emulated H100s, and the cores it needs, extrapolated and labelled so.
@@ -359,6 +361,7 @@ def test_loader_only_runs_the_tf_data_and_dataflow_examples(data, tmp_path, load
     code, text, err = finish(p, 300)
     assert code == 0, err
     doc = json.loads(js.read_text())
+    check_figures(doc)
     assert doc["points"][0]["images_per_sec"] > 0
     assert doc["stages"]["stages"] == [] and doc["stages"]["note"] in text
     assert left_in_session(p.pid) == []
