@@ -207,3 +207,21 @@ def test_the_verdict_under_a_capacity_table_describes_the_capacitys_own_probe():
     # At its capacity the path keeps up with the baseline at the same demand: the verdict says so, as the
     # capacity table above it does (the first probe's 0.09 of a 56,000 img/s baseline is not this path's verdict).
     assert "1.00 of the baseline" in r["verdict"]["evidence"], r["verdict"]
+
+
+def test_the_figure_check_refuses_the_figures_a_busy_machine_gave():
+    """The check every result file of the tests goes through (tests/schema.py check_figures) refuses what the
+    walk saw: a rate without slices or interval, a median outside its interval, an interval not from its own
+    slices, and a trainer's interval whose ends are not windows it timed."""
+    bad = [
+        {"points": [{"images_per_sec": 934743.0, "slice_rates": [], "interval": None, "not_measured": None}]},
+        {"tried": [{"images_per_sec": 43.3, "slice_rates": [37.1, 38.0, 40.1], "interval": [37.1, 40.1]}]},
+        {"tried": [{"images_per_sec": 17.0, "slice_rates": [16.0, 17.0, 18.0], "interval": [17.0, 17.0]}]},
+        {"capacity": {"zmq-consume": {"images_per_sec": 6709.0, "interval": [0.0, 312.3]}}},
+        {"paths": {"cpu": {"images_per_sec": {"median": 23.3, "repeats": [20.0, 23.3, 25.0]},
+                           "uncertainty": {"images_per_sec": [14.2, 14.2]}}}},
+    ]  # fmt: skip
+    for doc in bad:
+        with pytest.raises(AssertionError):
+            check_figures(doc)
+    check_figures({"tried": [{"images_per_sec": 38.0, "slice_rates": [37.1, 38.0, 40.1], "interval": [37.1, 40.1]}]})
