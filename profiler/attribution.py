@@ -14,7 +14,7 @@ inside the trainer (its threads, by name).
 from __future__ import annotations
 
 from profiler.training import invalid_reason
-from profiler.uncertainty import WITHIN_NOISE, too_short_words
+from profiler.uncertainty import WITHIN_NOISE, baseline_for, too_short_words
 
 BASELINE = "gpu"
 # Below this many cores, the input's host work cannot be what made the steps slower.
@@ -88,8 +88,8 @@ def attribute(result: dict, baseline: dict | None) -> dict | None:
 
 def add_attribution(results: dict[str, dict]) -> None:
     """Give every path its attribution against the baseline of the same invocation."""
-    base = results.get(BASELINE)
-    for r in results.values():
+    for path, r in results.items():
+        base = baseline_for(results, path)
         # No gap to split where either side's model did not train (profiler/training.py): neither is a figure.
         untrained = invalid_reason(r) or (base is not None and invalid_reason(base))
         r["attribution"] = None if untrained else attribute(r, base)

@@ -21,6 +21,7 @@ from tabulate import tabulate
 
 from core.atomic import atomic_write, write_all
 from profiler.earlier import write_keeping_earlier
+from profiler.uncertainty import STEP_BATCHES, window_rate
 
 BIN_S = 1.0  # the width of a rate bin
 AROUND = 2  # whole bins shown before an epoch's last batch and after the next epoch's first
@@ -55,8 +56,8 @@ def epoch_rows(passes: list[dict], workers: list[dict]) -> list[dict]:
                 "worker_startup_s": max(w["ready"] for w in mine) - p["start"] if mine else None,
                 "worker_init_s": max(w["ready"] - w["began"] for w in mine) if mine else None,
                 "seconds": seconds,
-                "images_per_sec": images / seconds if seconds > 0 else None,
-                "images_per_sec_after_first": (images - n[0]) / (t[-1] - t[0]) if t[-1] > t[0] else None,
+                "images_per_sec": window_rate(images, seconds, len(t), need=STEP_BATCHES),
+                "images_per_sec_after_first": window_rate(images - n[0], t[-1] - t[0], len(t) - 1),
                 "wind_down_s": p["end"] - t[-1],
             }
         )

@@ -3,7 +3,8 @@
 The cores needed for a demand (N emulated devices of a preset, or a rate)
 are extrapolated from the largest measured point: images per CPU-second of
 the loader's processes there, assumed to hold beyond it. Every line that
-rests on that assumption says "extrapolated".
+rests on that assumption says "extrapolated", and says the machine's own
+cores: more workers than cores cannot speed up a CPU-bound loader.
 """
 
 from __future__ import annotations
@@ -41,23 +42,53 @@ def demand_words(d: dict) -> str:
     return f"{d['devices']} x {d['device']} at {d['images_per_sec']:.0f} img/s = {d['total_images_per_sec']:.0f} img/s"
 
 
-def needs(rows: list[dict], demand: Demand) -> dict:
-    """Workers and cores the demand needs, extrapolated from the largest measured point."""
-    top = max(rows, key=lambda r: r["workers"])
-    per_worker = top["images_per_sec_per_worker"]
-    per_core = top["images_per_sec"] / top["cpu_cores"] if top["cpu_cores"] > 0 else per_worker
-    best = max(r["images_per_sec"] for r in rows)
+def needs(rows: list[dict], demand: Demand, machine_cores: int) -> dict:
+    """The cores the demand needs, one figure in one unit, extrapolated from the largest measured point's images
+    per CPU-second; whether that is more than this machine has. "Enough" only from a measured rate; no point
+    measured: nothing to extrapolate from, and said so."""
+    measured = [r for r in rows if r["images_per_sec"] is not None]
+    base = {"demand_images_per_sec": demand.total, "extrapolated": bool(measured), "machine_cores": machine_cores}
+    if not measured:
+        return {
+            **base, "measured_best_images_per_sec": None, "enough_as_measured": False, "cores_needed": None,
+            "images_per_sec_per_core": None, "extrapolated_from_workers": None, "beyond_this_machine": None,
+            "not_measured": "no point timed the batches a rate needs",
+        }  # fmt: skip
+    top = max(measured, key=lambda r: r["workers"])
+    per_core = top["images_per_sec"] / top["cpu_cores"] if top["cpu_cores"] > 0 else None
+    best = max(r["images_per_sec"] for r in measured)
+    cores = math.ceil(demand.total / per_core) if per_core else None
     return {
-        "demand_images_per_sec": demand.total,
+        **base,
         "measured_best_images_per_sec": best,
         "enough_as_measured": best >= demand.total,
-        "workers_needed": math.ceil(demand.total / per_worker) if per_worker > 0 else None,
-        "cores_needed": math.ceil(demand.total / per_core) if per_core > 0 else None,
+        "cores_needed": cores,
         "images_per_sec_per_core": per_core,
         "extrapolated_from_workers": top["workers"],
-        "scaling_efficiency_assumed": top["scaling_efficiency"],
-        "extrapolated": True,
+        "beyond_this_machine": cores is not None and cores > machine_cores,
+        "not_measured": None,
     }
+
+
+def needs_words(n: dict, words: str) -> str:
+    """What the demand needs, in cores, with the per-core rate it extrapolates from and this machine's cores."""
+    if n["not_measured"]:
+        return f"cannot say whether it feeds {words}: {n['not_measured']} (a longer --loader-seconds)"
+    if n["enough_as_measured"]:
+        return f"feeds {words}: measured {n['measured_best_images_per_sec']:.0f} img/s"
+    best = f"measured best {n['measured_best_images_per_sec']:.0f} img/s"
+    if n["cores_needed"] is None:
+        return f"to feed {words}: {best}; its processes' CPU time was not measured: no cores to extrapolate to"
+    head = (
+        f"to feed {words}: about {n['cores_needed']:,} cores (extrapolated from {n['images_per_sec_per_core']:.3g} "
+        f"img/s per core, measured with {n['extrapolated_from_workers']} worker(s); {best})"
+    )
+    if n["beyond_this_machine"]:
+        return (
+            f"{head}; this machine has {n['machine_cores']}: more workers than cores cannot speed up a CPU-bound "
+            "loader; speed up its slowest stage, or spread it over machines with that many cores"
+        )
+    return f"{head}; this machine has {n['machine_cores']}"
 
 
 def document(name: str, rows: list[dict], demand: Demand | None, stages: dict | None, machine_cores: int) -> dict:
@@ -68,7 +99,7 @@ def document(name: str, rows: list[dict], demand: Demand | None, stages: dict | 
         "machine_cores": machine_cores,
         "points": rows,
         "demand": {**asdict(demand), "total_images_per_sec": demand.total} if demand else None,
-        "needs": needs(rows, demand) if demand else None,
+        "needs": needs(rows, demand, machine_cores) if demand else None,
         "stages": stages,
     }
 
@@ -76,11 +107,13 @@ def document(name: str, rows: list[dict], demand: Demand | None, stages: dict | 
 def text(doc: dict) -> str:
     """The table of points, the demand's needs, and the stage table."""
     rows = [
-        [
+        [r["workers"], r["not_measured"], "", "", f"{r['cpu_cores']:.2f}"]
+        if r["images_per_sec"] is None
+        else [
             r["workers"],
             f"{r['images_per_sec']:.1f}",
             f"{r['images_per_sec_per_worker']:.1f}",
-            f"{100 * r['scaling_efficiency']:.0f}%",
+            "" if r["scaling_efficiency"] is None else f"{100 * r['scaling_efficiency']:.0f}%",
             f"{r['cpu_cores']:.2f}",
         ]
         for r in doc["points"]
@@ -99,18 +132,7 @@ def text(doc: dict) -> str:
         out.append(words)
     d, n = doc.get("demand"), doc.get("needs")
     if d and n:
-        words = demand_words(d)
-        out.append("")
-        if n["enough_as_measured"]:
-            out.append(f"feeds {words}: measured {n['measured_best_images_per_sec']:.0f} img/s")
-        else:
-            out.append(
-                f"to feed {words}: about {n['workers_needed']} workers and {n['cores_needed']} cores "
-                f"(extrapolated from {n['extrapolated_from_workers']} worker(s) at "
-                f"{n['images_per_sec_per_core']:.0f} img/s per core and "
-                f"{100 * n['scaling_efficiency_assumed']:.0f}% scaling efficiency; measured best "
-                f"{n['measured_best_images_per_sec']:.0f} img/s)"
-            )
+        out += ["", needs_words(n, demand_words(d))]
     st = doc.get("stages")
     if st:
         out += ["", stages_text(st)]
@@ -171,25 +193,28 @@ def plot_png(doc: dict) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = doc["points"]
+    pts = [r for r in doc["points"] if r["images_per_sec"] is not None]  # a point not measured is not drawn
     xs, ys = [r["workers"] for r in pts], [r["images_per_sec"] for r in pts]
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     ax.plot(xs, ys, "o-", label="measured")
-    one = pts[0]["images_per_sec"] / pts[0]["workers"]
-    ax.plot(xs, [one * x for x in xs], ":", color="grey", label="linear from 1 worker")
+    if pts:
+        one = pts[0]["images_per_sec"] / pts[0]["workers"]
+        ax.plot(xs, [one * x for x in xs], ":", color="grey", label="linear from 1 worker")
+    else:
+        ax.text(0.5, 0.5, "no point measured: too few batches", ha="center", transform=ax.transAxes)
     d, n = doc.get("demand"), doc.get("needs")
     if d and n:
         ax.axhline(d["total_images_per_sec"], color="red", linestyle="--",
                    label=f"demand: {demand_words(d)}")  # fmt: skip
-        if n["workers_needed"] and n["workers_needed"] > max(xs):
+        if xs and n["cores_needed"] and not n["enough_as_measured"]:
             ax.annotate(
-                f"needs ~{n['workers_needed']} workers (extrapolated)",
+                f"needs ~{n['cores_needed']:,} cores (extrapolated; {n['machine_cores']} here)",
                 xy=(max(xs), ys[-1]), xytext=(0.35, 0.85), textcoords="axes fraction",
             )  # fmt: skip
     ax.set_xlabel("loader workers (processes)")
     ax.set_ylabel("images/s")
     ax.set_title(f"loader {doc['loader']} alone")
-    ax.set_xticks(xs)
+    ax.set_xticks([r["workers"] for r in doc["points"]])
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

@@ -12,7 +12,7 @@ from core.errors import ConfigError
 from core.registry import BASELINE
 from profiler.gpu_state import differs, throttled_words
 from profiler.training import invalid_reason, invalid_words
-from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, drift_words, uncertainty
+from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, baseline_for, drift_words, uncertainty
 
 SCHEMA_VERSION = 3  # of every JSON feedbench writes (--json, --out, --sweep); docs/results.schema.json
 
@@ -23,8 +23,8 @@ def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) ->
     `steps_per_window`: the timed steps of a window, for results without `schedule.timed_steps_per_window`
     (it only words the "N windows of S steps would be needed" line).
     """
-    base = results.get(BASELINE)
     for path, r in results.items():
+        base = baseline_for(results, path)
         r["ratio_to_baseline"] = r["images_per_sec"]["median"] / base["images_per_sec"]["median"] if base else None
         if isinstance(r.get("interleaved"), dict):  # --interleave: the median of the paired ratios
             r["ratio_to_baseline"] = r["interleaved"]["ratio"]

@@ -40,6 +40,19 @@ def paste_line(spec: LoaderSpec, info: dict, setting: dict) -> str:
     return f"{fn}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
 
 
+def best_of(tried: list[dict]) -> tuple[dict | None, list[dict]]:
+    """(the best setting, the settings it cannot be told from): a setting is best only where its interval lies
+    above every other's; else the settings whose intervals reach the top one's are alike, and the best is the
+    cheapest of them (the first tried). (None, []) where no setting measured a rate."""
+    measured = [t for t in tried if t["images_per_sec"] is not None]
+    if not measured:
+        return None, []
+    top = max(measured, key=lambda t: t["images_per_sec"])
+    low = (top["interval"] or [top["images_per_sec"]] * 2)[0]
+    alike = [t for t in measured if t is top or (t["interval"] or [t["images_per_sec"]] * 2)[1] >= low]
+    return alike[0], alike
+
+
 def _limit(best: dict, stages: dict | None, machine_cores: int) -> dict:
     """What limits the best setting: the slowest stage of a sample, and whether it used the machine's cores."""
     slowest = None
@@ -61,11 +74,14 @@ def document(
 ) -> dict:  # fmt: skip
     """The JSON of a --tune run; its `tune` block is docs/results.schema.json's loader_tune."""
     chosen = next((t for t in tried if t["meets"]), None)
-    best = max(tried, key=lambda t: t["images_per_sec"])
     shortfall = None
     if chosen is None:
-        ratio = best["images_per_sec"] / demand.total
-        shortfall = {"best": best, "ratio": ratio, "limit": _limit(best, stages, machine_cores)}
+        best, alike = best_of(tried)
+        ratio = best["images_per_sec"] / demand.total if best else 0.0
+        shortfall = {
+            "best": best, "ratio": ratio, "limit": _limit(best, stages, machine_cores) if best else None,
+            "told_apart": len(alike) <= 1, "cannot_tell_apart": [t["setting"] for t in alike],
+        }  # fmt: skip
     return {
         "loader": spec.name,
         "mode": "loader-tune",
@@ -89,13 +105,16 @@ def _words(setting: dict) -> str:
 
 def _interval(t: dict) -> str:
     lo_hi = t["interval"]
-    return f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}" if lo_hi else "one slice: none"
+    return f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}" if lo_hi else "none"
+
+
+def _rate(t: dict) -> str:
+    return t["not_measured"] if t["images_per_sec"] is None or t.get("not_measured") else f"{t['images_per_sec']:.1f}"
 
 
 def _figures(t: dict) -> str:
     return (
-        f"{t['images_per_sec']:.1f} images/s (interval {_interval(t)}), {t['cpu_cores']:.2f} CPU cores, "
-        f"{t['rss_mb']:.0f} MB resident"
+        f"{_rate(t)} images/s (interval {_interval(t)}), {t['cpu_cores']:.2f} CPU cores, {t['rss_mb']:.0f} MB resident"
     )
 
 
@@ -103,7 +122,7 @@ def text(doc: dict) -> str:
     """The settings tried, what was not tried, then the line to paste or the shortfall and its limit."""
     tu, d = doc["tune"], doc["demand"]
     rows = [
-        [_words(t["setting"]), f"{t['images_per_sec']:.1f}", _interval(t), f"{t['cpu_cores']:.2f}",
+        [_words(t["setting"]), _rate(t), _interval(t), f"{t['cpu_cores']:.2f}",
          f"{t['rss_mb']:.0f}", "yes" if t["meets"] else "no"]
         for t in tu["tried"]
     ]  # fmt: skip
@@ -127,16 +146,30 @@ def text(doc: dict) -> str:
             out += ["", words]
         return "\n".join(out)
     s = tu["shortfall"]
-    out.append(
-        f"no setting tried meets {d['total_images_per_sec']:.0f} images/s: the best, {_words(s['best']['setting'])}, "
-        f"gives {_figures(s['best'])}: {s['ratio']:.3g}x the demand ({1 / s['ratio']:.3g}x short)"
-        if s["ratio"] > 0
-        else f"no setting tried meets {d['total_images_per_sec']:.0f} images/s: none delivered a batch"
-    )
-    out.append(_limit_words(s["limit"], doc["machine_cores"]))
+    out.append(_shortfall_words(s, d["total_images_per_sec"]))
+    if s["limit"]:
+        out.append(_limit_words(s["limit"], doc["machine_cores"]))
     if (doc.get("stages") or {}).get("stages"):  # the table; where there is none, the line above says why
         out += ["", stages_text(doc["stages"])]
     return "\n".join(out)
+
+
+def _shortfall_words(s: dict, demand: float) -> str:
+    """No setting meets the demand: the best (or, where the best cannot be told from others, the cheapest of
+    those) and how far short it is."""
+    head = f"no setting tried meets {demand:.0f} images/s"
+    if s["best"] is None:
+        return f"{head}: none measured a rate (too few batches in every window: a longer --loader-seconds)"
+    if s["ratio"] <= 0:
+        return f"{head}: none delivered a batch"
+    short = f"{s['ratio']:.3g}x the demand ({1 / s['ratio']:.3g}x short)"
+    if s["told_apart"]:
+        return f"{head}: the best, {_words(s['best']['setting'])}, gives {_figures(s['best'])}: {short}"
+    alike = "; ".join(_words(x) for x in s["cannot_tell_apart"])
+    return (
+        f"{head}: these settings cannot be told apart (their intervals overlap): {alike}; the cheapest is "
+        f"{_words(s['best']['setting'])}: {_figures(s['best'])}: {short}"
+    )
 
 
 def _limit_words(limit: dict, machine_cores: int) -> str:

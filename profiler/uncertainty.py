@@ -42,7 +42,10 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+import struct
 from collections.abc import Sequence
+
+from core.registry import BASELINE
 
 CONFIDENCE = 0.95
 # The order-statistics interval of the median reaches 95% from this many windows on.
@@ -55,15 +58,42 @@ NEGLIGIBLE = 0.01
 NOISY_SPREAD = 0.10
 
 
-def _binom_cdf_below(k: int, n: int) -> float:
-    """P(Binomial(n, 1/2) < k)."""
-    return sum(math.comb(n, i) for i in range(k)) / 2**n
+# A window measured between two batch boundaries (it opens when a batch arrives) needs this many batches after
+# the one that opened it: prefetched batches arrive in bursts, and a window of one burst has a time near zero.
+BOUNDARY_BATCHES = 3
+# A window that opens at a step's or a pass's start holds whole batches' time from its first batch on: one does.
+STEP_BATCHES = 1
+
+
+def window_rate(images: float, seconds: float, batches: int, need: int = BOUNDARY_BATCHES) -> float | None:
+    """Images/s of one timed window, or None ("not measured") where it timed fewer than `need` batches or no
+    time: the one place a rate is divided out of a window's time (loader-only and its slices, --tune, --epochs,
+    the trainers' windows and so the capacity probes), so that a denominator near zero never becomes a figure.
+    """
+    if batches < need or not math.isfinite(seconds) or seconds <= 0 or not math.isfinite(images):
+        return None
+    return images / seconds
+
+
+def not_measured(batches: int) -> str:
+    """What a table and the JSON say in place of a rate from too few batches."""
+    return f"not measured ({batches:g} batches in the window)"
+
+
+def _binom_tail(n: int) -> list[float]:
+    """P(Binomial(n, 1/2) < k) for k = 0 .. n // 2 + 1, in one pass (n up to thousands: exact integers)."""
+    out, below, c = [0.0], 0, 1
+    for i in range(n // 2 + 1):
+        below += c  # c = C(n, i)
+        out.append(below / 2**n)
+        c = c * (n - i) // (i + 1)
+    return out
 
 
 def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """(low, high, its confidence) for the median of `values` by order statistics; see the module's docstring.
 
-    One value gives (v, v, 0.0): no spread to judge by.
+    One value gives (v, v, 0.0): no spread to judge by. The interval always holds the values' median.
     """
     if not values:
         raise ValueError("no windows to take an interval of")
@@ -71,14 +101,15 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
     n = len(xs)
     if n == 1:
         return xs[0], xs[0], 0.0
+    tail = _binom_tail(n)
     # The largest k (narrowest interval) whose coverage still reaches `confidence`; k = 1 (min–max) otherwise.
     best = 1
     for k in range(1, n // 2 + 1):
-        if 1 - 2 * _binom_cdf_below(k, n) >= confidence:
+        if 1 - 2 * tail[k] >= confidence:
             best = k
         else:
             break
-    return xs[best - 1], xs[n - best], 1 - 2 * _binom_cdf_below(best, n)
+    return xs[best - 1], xs[n - best], 1 - 2 * tail[best]
 
 
 def method_words(n: int) -> str:
@@ -110,6 +141,11 @@ def windows_needed(path_windows: Sequence[float], base_windows: Sequence[float],
     return max(MIN_WINDOWS_95, math.ceil(need))
 
 
+# Up to this many pairs (n·m) the Mann–Whitney distribution is counted exactly; above, its normal approximation
+# (with continuity correction) picks k: the exact count grows as (n·m)², the approximation costs nothing.
+EXACT_PAIRS = 400
+
+
 @functools.lru_cache(maxsize=64)
 def _mann_whitney_counts(n: int, m: int) -> list[int]:
     """How many of the C(n+m, n) orderings give each value of the Mann–Whitney U (0..n·m), exactly."""
@@ -130,23 +166,67 @@ def _mann_whitney_counts(n: int, m: int) -> list[int]:
     return prev[m]
 
 
+def _moses_k(n: int, m: int, confidence: float) -> tuple[int, float]:
+    """(k, its confidence): the narrowest Moses interval, the k-th smallest to k-th largest of the n·m shifts."""
+    if n * m <= EXACT_PAIRS:
+        counts, total = _mann_whitney_counts(n, m), math.comb(n + m, n)
+        best, below = 1, 0
+        for k in range(1, n * m // 2 + 1):
+            below += counts[k - 1]  # orderings with U <= k - 1 (the list is cached: never changed here)
+            if 1 - 2 * below / total >= confidence:
+                best = k
+            else:
+                break
+        return best, 1 - 2 * sum(counts[:best]) / total
+    mean, sd = n * m / 2, math.sqrt(n * m * (n + m + 1) / 12)
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    best = max(1, math.floor(mean + 0.5 - z * sd))
+    return best, 1 - 2 * statistics.NormalDist().cdf((best - 0.5 - mean) / sd)
+
+
+def _order_key(d: float) -> int:
+    """An integer that orders finite doubles as their values do (adjacent doubles: adjacent integers)."""
+    b = struct.unpack("<q", struct.pack("<d", d))[0]
+    return b if b >= 0 else -(b & 0x7FFFFFFFFFFFFFFF)
+
+
+def _from_key(k: int) -> float:
+    return struct.unpack("<d", struct.pack("<Q", k if k >= 0 else (-k) | (1 << 63)))[0]
+
+
+def _pairs_at_most(xs: list[float], ys: list[float], d: float) -> int:
+    """How many x - y (x of sorted xs, y of sorted ys) are <= d: a walk of both lists, O(n + m)."""
+    count, j = 0, 0
+    for x in xs:  # x grows: the first y with x - y <= d moves right
+        while j < len(ys) and x - ys[j] > d:
+            j += 1
+        count += len(ys) - j
+    return count
+
+
+def kth_shift(xs: list[float], ys: list[float], k: int) -> float:
+    """The k-th smallest (1-based) of every x - y, without forming the n·m of them: a bisection over the
+    doubles' order (at most 64 steps), each counting in O(n + m). xs and ys sorted, finite."""
+    lo, hi = _order_key(xs[0] - ys[-1]), _order_key(xs[-1] - ys[0])
+    while lo < hi:  # the smallest d with at least k shifts <= d: it is one of the shifts
+        mid = (lo + hi) // 2
+        if _pairs_at_most(xs, ys, _from_key(mid)) >= k:
+            hi = mid
+        else:
+            lo = mid + 1
+    return _from_key(lo)
+
+
 def shift_interval(
     xs: Sequence[float], ys: Sequence[float], confidence: float = CONFIDENCE
 ) -> tuple[float, float, float]:
-    """(low, high, confidence) for the shift x - y between two samples: Moses' interval (see the docstring)."""
+    """(low, high, confidence) for the shift x - y between two samples: Moses' interval (see the docstring).
+
+    O((n + m) log(n + m)) in the windows: sorting, then two selections of a bisection each."""
     n, m = len(xs), len(ys)
-    diffs = sorted(x - y for x in xs for y in ys)
-    counts = _mann_whitney_counts(n, m)
-    total = math.comb(n + m, n)
-    best, below = 1, 0
-    for k in range(1, n * m // 2 + 1):
-        below += counts[k - 1]  # orderings with U <= k - 1 (the list is cached: never changed here)
-        if 1 - 2 * below / total >= confidence:
-            best = k
-        else:
-            break
-    conf = 1 - 2 * sum(counts[:best]) / total
-    return diffs[best - 1], diffs[n * m - best], conf
+    sx, sy = sorted(xs), sorted(ys)
+    best, conf = _moses_k(n, m, confidence)
+    return kth_shift(sx, sy, best), kth_shift(sx, sy, n * m - best + 1), conf
 
 
 def ratio_interval(
@@ -160,6 +240,13 @@ def ratio_interval(
         return 0.0, math.inf, 0.0, "pairwise ratios"
     lo, hi, conf = shift_interval([math.log(v) for v in path_windows], [math.log(v) for v in base_windows])
     return math.exp(lo), math.exp(hi), conf, "pairwise ratios"
+
+
+def baseline_for(results: dict[str, dict], path: str) -> dict | None:
+    """The baseline a path's result is compared with: with --find-capacity, the baseline run at the demand of
+    the path's own capacity probe (runner/capacity.py keeps that probe as the path's result); else the run's."""
+    own = (results[path].get("capacity") or {}).get("baseline") if path != BASELINE else None
+    return own or results.get(BASELINE)
 
 
 def window_rates(result: dict) -> list[float]:

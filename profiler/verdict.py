@@ -25,6 +25,7 @@ its input measurably used CPU; otherwise the gap is called unexplained.
 from __future__ import annotations
 
 import math
+import os
 import re
 
 from tabulate import tabulate
@@ -32,7 +33,7 @@ from tabulate import tabulate
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence, too_short
 from profiler.training import invalid_reason, invalid_words
-from profiler.uncertainty import WITHIN_NOISE, uncertainty
+from profiler.uncertainty import WITHIN_NOISE, baseline_for, uncertainty
 
 HIGH, MODERATE = 0.20, 0.05
 LEVELS = ("HIGHLY input-bound", "moderately input-bound", "not input-bound", "not measured", WITHIN_NOISE)
@@ -173,11 +174,16 @@ def _producer_advice(maker: dict | None, prod: dict, baseline_ips: float | None,
         workers = max(1, maker.get("workers") or 1)
         per_worker = prod["images_per_sec"] / workers
         needed = math.ceil(baseline_ips / per_worker) if baseline_ips and per_worker > 0 else None
+        stage = f"speed up its slowest stage (bench_input.py --loader {maker['loader']} --loader-only names it)"
+        cores = os.cpu_count() or 1
+        if needed and needed > cores:  # a worker uses at most a core: past the cores, more of them cannot help
+            return (
+                f"{maker['name']} limits at {per_worker:.0f} img/s per worker (a worker uses at most one core): "
+                f"{need} needs about {needed} cores at that rate and this machine has {cores}, so more workers "
+                f"cannot help a CPU-bound loader here; {stage}, or run its producers on machines with those cores"
+            )
         how = f"about {needed} workers (--producers x --producer-workers; now {workers})" if needed else "more workers"
-        return (
-            f"{maker['name']} limits at {per_worker:.0f} img/s per worker: run {how}, or speed up its slowest "
-            f"stage (bench_input.py --loader {maker['loader']} --loader-only names it)"
-        )
+        return f"{maker['name']} limits at {per_worker:.0f} img/s per worker: run {how}, or {stage}"
     return "add producers (--producers) or workers (--producer-workers), or use DALI"
 
 
@@ -209,6 +215,20 @@ def _without(name: str, advice: str) -> str:
     return out or "speed up this path's own stages"
 
 
+SAME_FIGURE = 0.05  # the producers' own count and the trainer's rate closer than this share are one figure
+
+
+def _delivered(counted: float, ips: float) -> str:
+    """The rate the input delivered, as the table has it; the producers' own count beside it only where it
+    differs, said as what it is: a count over another span than the trainer's timed windows."""
+    if ips > 0 and abs(counted - ips) <= SAME_FIGURE * ips:
+        return f"{ips:.1f} img/s"
+    return (
+        f"{ips:.1f} img/s to the trainer in its timed windows (the table's figure; {counted:.1f} img/s by their own "
+        "count, taken over another span)"
+    )
+
+
 def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None) -> tuple[str, str]:
     """The input limits: the producers' figures say which side of the wire (stage, advice)."""
     prod = (result.get("telemetry") or {}).get("producers")
@@ -219,7 +239,7 @@ def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None)
     who = maker["name"] if maker and maker["kind"] in ("loader", "external") else "producers"
     if prod is not None and not _busy(prod):
         evidence.append(
-            f"{who} deliver{'s' if who != 'producers' else ''} {prod['images_per_sec']:.0f} img/s{against}, "
+            f"{who} deliver{'s' if who != 'producers' else ''} {_delivered(prod['images_per_sec'], ips)}{against}, "
             f"waiting to send only {100 * (prod['send_wait_share'] or 0):.0f}% of their time"
         )
         return "producer", _producer_advice(maker, prod, baseline_ips, ips)
@@ -317,12 +337,11 @@ def add_verdicts(results: dict[str, dict], framework: str | None = None) -> None
     `framework` ("tf" or "torch") picks the words for a faster model step; without it, each result's own
     `framework` field, else advice that holds for both.
     """
-    base = results.get(BASELINE)
-    base_ips = base["images_per_sec"]["median"] if base else None
     for path, r in results.items():
+        base = baseline_for(results, path)  # a capacity probe's own baseline, at its demand
         if "uncertainty" not in r:  # add_ratios gives it; a caller that skipped it still gets noise-aware verdicts
             r["uncertainty"] = uncertainty(r, base, is_baseline=path == BASELINE)
-        r["verdict"] = verdict(path, r, base_ips, framework)
+        r["verdict"] = verdict(path, r, base["images_per_sec"]["median"] if base else None, framework)
     for path, r in results.items():  # advice to switch to a path this very run measured no better is dropped
         v = r["verdict"]
         for other, o in results.items():

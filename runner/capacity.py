@@ -164,12 +164,13 @@ def _path_capacity(
     log: Callable[[str], None],
     confirm: int,
 ) -> dict:
-    """One path's result at its first probe, with "capacity": the search, and the baseline at the capacity.
+    """One path's result at its capacity's own probe (its first, below the lowest probe), with "capacity": the
+    search, and the baseline at the capacity.
 
     A probe that fails (a crashed rank, a lost producer) is run once more; a second failure is raised.
     """
     towers, preset_rate = cfg.num_gpus, cfg.emulation["images_per_sec"]
-    first: dict = {}
+    tried: list[tuple[float, dict]] = []  # (rate per device, result) of every probe, in order
 
     def probe(rate: float) -> dict:
         c = probe_config(cfg, rate, batch_given)
@@ -185,19 +186,27 @@ def _path_capacity(
             f"  {path}: demand {rate_text(rate * towers)} img/s ({rate_text(rate)} per device) -> "
             f"{rate_text(r['images_per_sec']['median'])} img/s"
         )
-        if not first:
-            first.update(r)
+        tried.append((rate, r))
         return r
 
     found = CapacitySearch(towers, probe, baseline, max_probes=cfg.capacity_probes, confirm=confirm).run(preset_rate)
+    own = tried[0][1]  # below the lowest probe: the first probe is all there is
     if found["rate_per_device"] is not None:
         at = run_path(probe_config(cfg, found["rate_per_device"], batch_given), BASELINE)
         found["baseline_at_capacity"] = at["images_per_sec"]["median"]
         found["ratio_at_capacity"] = (found["achieved_images_per_sec"] or 0) / found["baseline_at_capacity"]
+        # The path's result, its table row and its verdict are the capacity's own probe, against the baseline
+        # at that probe's demand (profiler/uncertainty.py baseline_for), not the first probe's.
+        own = next(
+            (r for rate, r in reversed(tried)
+             if rate == found["rate_per_device"] and r["images_per_sec"]["median"] == found["achieved_images_per_sec"]),
+            own,
+        )  # fmt: skip
+        found["baseline"] = {k: at[k] for k in ("images_per_sec", "step_time_ms", "schedule") if k in at}
     found["devices"] = found["images_per_sec"] / preset_rate if found["images_per_sec"] else 0.0
     found["device"] = cfg.emulation["device"]
     found["device_images_per_sec"] = preset_rate
-    return {**first, "capacity": found}
+    return {**own, "capacity": found}
 
 
 def _mark_overlaps(results: dict[str, dict]) -> None:
@@ -242,12 +251,30 @@ def ranking_line(results: dict[str, dict]) -> str | None:
 
 
 def _interval_text(c: dict) -> str:
+    """The capacity's interval; an end this run did not bound (no probe kept up: 0; the first demand, where the
+    search started) is said so, not given as a figure."""
     iv = c.get("interval")
     if not iv or iv[0] is None:
         return "-"
+    first = c["probes"][0]["demand_images_per_sec"] if c.get("probes") else None
     if iv[1] is None:
-        return f">= {rate_text(iv[0])}"
-    return f"{rate_text(iv[0])}–{rate_text(iv[1])}"
+        return f">= {rate_text(iv[0])} (not bounded above by this run)"
+    lo, hi = _distinct(iv[0], iv[1])
+    if iv[0] <= 0:
+        return f"< {hi} (not bounded below by this run)"
+    if first is not None and math.isclose(iv[1], first):
+        return f">= {lo}, below the first demand {hi} (not bounded closer by this run)"
+    return f"{lo}–{hi}"
+
+
+def _distinct(a: float, b: float) -> tuple[str, str]:
+    """Two different rates as texts that differ too: rate_text, with decimals added until they do."""
+    ta, tb = rate_text(a), rate_text(b)
+    digits = 1
+    while ta == tb and a != b and digits <= 6:
+        ta, tb = f"{a:,.{digits}f}", f"{b:,.{digits}f}"
+        digits += 1
+    return ta, tb
 
 
 def overlap_lines(results: dict[str, dict]) -> list[str]:
@@ -306,6 +333,8 @@ def failed_lines(results: dict[str, dict]) -> list[str]:
 
 
 def _bracket(lo: float | None, hi: float | None) -> str:
-    a = "-" if lo is None else rate_text(lo)
-    b = "-" if hi is None else rate_text(hi)
+    """`3,430.2 ok / 3,430.9 short`: the two ends, never printed alike."""
+    a, b = _distinct(lo, hi) if lo is not None and hi is not None else (None, None)
+    a = a or ("-" if lo is None else rate_text(lo))
+    b = b or ("-" if hi is None else rate_text(hi))
     return f"{a} ok / {b} short"

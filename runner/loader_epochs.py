@@ -31,6 +31,7 @@ from core import loader_start
 from core.loader_spec import WORKER_LOG_ENV, Batcher, LoaderError, LoaderSpec, guarded, made, passes, stop_children
 from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
+from profiler.uncertainty import STEP_BATCHES, not_measured, window_rate
 from runner import shutdown
 from runner.loader_only import (
     LOADER_STAGE,
@@ -175,10 +176,11 @@ def read_worker_log(path: str) -> list[dict]:
 
 def _progress(info: dict, epoch: int, p: dict) -> None:
     """One line per epoch as it ends."""
-    images = sum(p["images"])
+    n = len(p["times"])
+    rate = window_rate(sum(p["images"]), p["times"][-1] - p["start"], n, need=STEP_BATCHES)
     print(
-        f"  epoch {epoch}: first batch after {p['times'][0] - p['start']:.2f} s, {len(p['times'])} batches, "
-        f"{images / (p['times'][-1] - p['start']):.1f} images/s",
+        f"  epoch {epoch}: first batch after {p['times'][0] - p['start']:.2f} s, {n} batches, "
+        + (not_measured(n) if rate is None else f"{rate:.1f} images/s"),
         flush=True,
     )
 

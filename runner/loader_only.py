@@ -18,6 +18,7 @@ import gc
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -39,14 +40,16 @@ from profiler.cpu import tree_cpu_seconds, tree_rss_bytes
 from profiler.loader_report import Demand
 from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
-from profiler.uncertainty import median_interval
+from profiler.uncertainty import BOUNDARY_BATCHES, median_interval, not_measured, window_rate
 from runner import shutdown
 
 # Per worker, in shared memory: batches so far, images in the window, window start, last batch end, images so far.
 _FIELDS = 5
 WARMUP_BATCHES = 2
 SLICES = 8  # a window's slices, for the interval of its rate (min-max of 8: 99% for the median)
-SLICE_BATCHES = 3  # the fewest batches of each worker in a slice: prefetched batches arrive in bursts
+SLICE_BATCHES = BOUNDARY_BATCHES  # the fewest batches of each worker in a slice: prefetched batches arrive in bursts
+SPAN_SHARE = 0.5  # a slice's batches span at least this share of its time: a burst alone is no slice
+MIN_SLICES = 3  # the fewest slices for a point's rate (their min–max: 75% for the median); fewer: not measured
 LOADER_STAGE = "loader"  # the timeline's stage: the loader's workers and their own processes
 
 
@@ -224,7 +227,8 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
         go.value = 1
         slices = _Slices(shared, workers, opts.seconds / SLICES)
         end = time.monotonic() + opts.seconds
-        while time.monotonic() < end:
+        # Too few slices for a rate by the window's end: measured longer, up to as long again, then "not measured".
+        while time.monotonic() < end or (len(slices.rates) < MIN_SLICES and time.monotonic() < end + opts.seconds):
             check()
             slices.tick([p.pid for p in procs])
             time.sleep(0.02)
@@ -238,7 +242,7 @@ def measure(opts: Options, workers: int, timeline: Timeline | None = None, label
         if timeline is not None:
             timeline.add_window(label or f"{workers} worker(s)", t0, t0 + wall)
         cpu1 = {p.pid: tree_cpu_seconds(p.pid) for p in procs}
-        return {**_point(shared, workers, wall, cpu0, cpu1), **slices.figures()}
+        return _point(workers, wall, cpu0, cpu1, slices.figures())
     finally:
         shutdown.unregister(stop_all)
         stop_all()
@@ -311,17 +315,22 @@ def _start_workers(
 
 
 class _Slices:
-    """The window cut into slices at batch boundaries, for the rate's interval; and the peak resident memory.
+    """The window cut into slices at batch boundaries: the point's rate is their median, its interval theirs;
+    and the peak resident memory.
 
-    A slice ends at a tick once every worker has finished SLICE_BATCHES batches since the last slice ended
-    and `length` seconds have passed (so a slow loader's window has fewer slices): its rate is each worker's images between its own batch boundaries over their
-    time, summed, so no slice has a partial batch's error.
+    A slice ends at a tick once every worker has finished SLICE_BATCHES batches since the last slice ended,
+    `length` seconds have passed (so a slow loader's window has fewer slices), and each worker's batches span
+    at least SPAN_SHARE of the slice (a burst of prefetched batches does not: the slice waits for the next
+    batch). Its rate is each worker's images between its own batch boundaries over their time
+    (profiler/uncertainty.py `window_rate`), summed, so no slice has a partial batch's error.
     """
 
     def __init__(self, shared, workers: int, length: float) -> None:
         self.shared, self.workers, self.length = shared, workers, length
         self.anchor = [self._at(i) for i in range(workers)]
+        self.first: list[tuple[float, float, float] | None] = [None] * workers
         self.rates: list[float] = []
+        self.totals = [[0.0, 0.0, 0.0] for _ in range(workers)]  # per worker: images, seconds, batches in slices
         self.peak_rss, self.next_rss, self.opened = 0.0, 0.0, time.monotonic()
 
     def _at(self, i: int) -> tuple[float, float, float]:
@@ -336,20 +345,39 @@ class _Slices:
         at = [self._at(i) for i in range(self.workers)]
         if any(a[1] == 0 for a in self.anchor):  # a worker's window opens at its first batch boundary
             self.anchor = [x if a[1] == 0 else a for x, a in zip(at, self.anchor, strict=True)]
+            self.first = [a if a[1] else None for a in self.anchor]
+            self.opened = now
             return
-        short = any(x[2] - a[2] < SLICE_BATCHES or x[1] <= a[1] for x, a in zip(at, self.anchor, strict=True))
-        if now - self.opened < self.length or short:
+        wall = now - self.opened
+        if wall < self.length or any(
+            x[2] - a[2] < SLICE_BATCHES or x[1] - a[1] < SPAN_SHARE * wall for x, a in zip(at, self.anchor, strict=True)
+        ):
             return
-        self.rates.append(sum((n - a[0]) / (t - a[1]) for (n, t, _), a in zip(at, self.anchor, strict=True)))
+        rates = []
+        for k, (x, a) in enumerate(zip(at, self.anchor, strict=True)):
+            got = (x[0] - a[0], x[1] - a[1], x[2] - a[2])
+            rates.append(window_rate(*got, need=SLICE_BATCHES))
+            self.totals[k] = [t + g for t, g in zip(self.totals[k], got, strict=True)]
+        self.rates.append(sum(r for r in rates if r is not None))
         self.anchor, self.opened = at, now
 
+    def batches(self) -> int:
+        """Batches every worker finished since its window opened."""
+        return int(sum(self._at(i)[2] - f[2] for i, f in enumerate(self.first) if f is not None))
+
     def figures(self) -> dict:
-        """The slices' rates, the interval of their median (profiler/uncertainty.py), and the peak memory."""
-        lo, hi, conf = median_interval(self.rates) if self.rates else (None, None, 0.0)
+        """The point's rate (the slices' median) and its interval (profiler/uncertainty.py), or "not measured"
+        with fewer than MIN_SLICES slices; each worker's rate over its slices; the peak memory."""
+        measured = len(self.rates) >= MIN_SLICES
+        lo, hi, conf = median_interval(self.rates) if measured else (None, None, 0.0)
         return {
+            "images_per_sec": statistics.median(self.rates) if measured else None,
+            "not_measured": None if measured else not_measured(self.batches()),
+            "batches": self.batches(),
             "slice_rates": self.rates,
-            "interval": [lo, hi] if self.rates else None,
+            "interval": [lo, hi] if measured else None,
             "interval_confidence": conf,
+            "worker_rates": [window_rate(*t, need=SLICE_BATCHES) for t in self.totals],
             "rss_mb": self.peak_rss / 1e6,
         }
 
@@ -388,19 +416,14 @@ def _wait_until(done: Callable[[], bool], seconds: float, check: Callable[[], No
         time.sleep(0.02)
 
 
-def _point(shared, workers: int, wall: float, cpu0: dict, cpu1: dict) -> dict:
-    """The point's figures from the workers' shared counts and their CPU time over the window."""
-    per_worker = []
-    for i in range(workers):
-        images, start, last = shared[i * _FIELDS + 1], shared[i * _FIELDS + 2], shared[i * _FIELDS + 3]
-        per_worker.append(images / (last - start) if last > start else 0.0)
+def _point(workers: int, wall: float, cpu0: dict, cpu1: dict, slices: dict) -> dict:
+    """The point's figures: its slices' (rate, interval, per worker) and its workers' CPU time over the window."""
     cpu_s = sum((cpu1[p] or 0.0) - (cpu0[p] or 0.0) for p in cpu0)
-    total = sum(per_worker)
+    rate = slices["images_per_sec"]
     return {
         "workers": workers,
-        "images_per_sec": total,
-        "images_per_sec_per_worker": total / workers,
-        "worker_rates": per_worker,
+        **slices,
+        "images_per_sec_per_worker": rate / workers if rate is not None else None,
         "cpu_cores": cpu_s / wall if wall > 0 else 0.0,
         "window_s": wall,
     }
@@ -440,8 +463,9 @@ def sweep(opts: Options, counts: list[int], progress=None, timeline: Timeline | 
     rows: list[dict] = []
     for n in counts:
         row = measure(opts, n, timeline)
-        one = rows[0]["images_per_sec"] if rows else row["images_per_sec"] / n
-        row["scaling_efficiency"] = row["images_per_sec"] / (n * one) if one > 0 else 0.0
+        one = rows[0]["images_per_sec"] if rows else row["images_per_sec_per_worker"]
+        rate = row["images_per_sec"]
+        row["scaling_efficiency"] = rate / (n * one) if rate is not None and one else None
         rows.append(row)
         if progress:
             progress(row)
@@ -521,10 +545,15 @@ def _measure_all(args, spec: LoaderSpec, opts: Options, counts: list[int], timel
     with private_tmpdir():
         rows = sweep(
             opts, counts,
-            lambda r: print(f"  {r['workers']} worker(s): {r['images_per_sec']:.1f} images/s", flush=True),
+            lambda r: print(f"  {r['workers']} worker(s): {rate_words(r)}", flush=True),
             timeline,
         )  # fmt: skip
         return rows, None if args.no_stages else stage_timing(spec, opts.timeout)
+
+
+def rate_words(point: dict) -> str:
+    """`61.2 images/s`, or why the point has no rate."""
+    return point["not_measured"] or f"{point['images_per_sec']:.1f} images/s"
 
 
 def stage_timing(spec: LoaderSpec, timeout: float) -> dict:

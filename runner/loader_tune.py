@@ -36,6 +36,7 @@ from runner.loader_only import (
     measure,
     print_and_write,
     private_tmpdir,
+    rate_words,
     samples_per_epoch,
     stage_timing,
     worker_counts,
@@ -141,7 +142,7 @@ def search(opts: Options, kind: str, grid: list[dict], demand: Demand, timeline:
     for setting in grid:
         at = dataclasses.replace(opts, spec=spec_with(opts.spec, kind, setting))
         points = [measure(at, 1, timeline, short_label(setting))]
-        if points[0]["images_per_sec"] >= demand.total:
+        if (points[0]["images_per_sec"] or 0) >= demand.total:
             points += [
                 measure(at, 1, timeline, f"{short_label(setting)} #{i}") for i in range(2, CONFIRM_PROCESSES + 1)
             ]
@@ -150,8 +151,8 @@ def search(opts: Options, kind: str, grid: list[dict], demand: Demand, timeline:
         tried.append(row)
         over = f" (median of {len(points)} fresh processes)" if len(points) > 1 else ""
         print(
-            f"  {setting_words(setting)}: {row['images_per_sec']:.1f} images/s{over}, {row['cpu_cores']:.2f} CPU "
-            f"cores, {row['rss_mb']:.0f} MB",
+            f"  {setting_words(setting)}: {rate_words(row)}{over}, {row['cpu_cores']:.2f} CPU cores, "
+            f"{row['rss_mb']:.0f} MB",
             flush=True,
         )
         if row["meets"]:
@@ -185,16 +186,21 @@ class _DuplicateChecks:
 def tune_row(setting: dict, points: list[dict], demand: float) -> dict:
     """One setting's row from its processes' points: the figures of the process with the median rate; with
     several, the interval runs from the lowest process's low end to the highest's high end (what a fresh
-    process may give), at the least of their confidences."""
-    mid = sorted(points, key=lambda p: p["images_per_sec"])[len(points) // 2]
-    keys = ("images_per_sec", "interval", "interval_confidence", "cpu_cores", "rss_mb", "window_s")
+    process may give, and so holding the median), at the least of their confidences. It meets the demand only
+    where every process measured a rate (runner/loader_only.py: enough slices) and the median reaches it."""
+    measured = [p for p in points if p["images_per_sec"] is not None]
+    mid = sorted(measured, key=lambda p: p["images_per_sec"])[len(measured) // 2] if measured else points[0]
+    keys = ("images_per_sec", "not_measured", "batches", "slice_rates", "interval", "interval_confidence",
+            "cpu_cores", "rss_mb", "window_s")  # fmt: skip
     row = {"setting": setting, **{k: mid[k] for k in keys}}
     if len(points) > 1:
-        ends = [p["interval"] or [p["images_per_sec"]] * 2 for p in points]
-        row["interval"] = [min(e[0] for e in ends), max(e[1] for e in ends)]
-        row["interval_confidence"] = min(p["interval_confidence"] for p in points)
+        if measured:
+            row["interval"] = [min(p["interval"][0] for p in measured), max(p["interval"][1] for p in measured)]
+            row["interval_confidence"] = min(p["interval_confidence"] for p in measured)
         row["process_rates"] = [p["images_per_sec"] for p in points]
-    row["meets"] = row["images_per_sec"] >= demand
+        if len(measured) < len(points):
+            row["not_measured"] = f"{len(points) - len(measured)} of {len(points)} processes not measured"
+    row["meets"] = len(measured) == len(points) and row["images_per_sec"] >= demand
     return row
 
 

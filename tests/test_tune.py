@@ -102,19 +102,70 @@ def test_a_setting_with_workers_is_made_again_and_pasted_as_a_working_call(data)
 def test_a_demand_no_setting_meets_names_the_shortfall_and_the_limiting_stage(data, tmp_path):
     """An absurd demand: every setting up to one worker is measured, the best falls short by a ratio, and the
     per-stage timing names the stage that limits it."""
-    doc, text = tune(TV, data, "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "0.5",
+    doc, text = tune(TV, data, "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "1",
                      json_path=tmp_path / "t.json")  # fmt: skip
     tu = doc["tune"]
     assert tu["chosen"] is None
     assert [(t["setting"]["num_workers"], t["setting"]["prefetch_factor"], t["setting"]["persistent_workers"])
             for t in tu["tried"]] == [(0, None, None), (1, 2, False), (1, 2, True), (1, 4, True)]  # fmt: skip
-    assert all(t["images_per_sec"] > 0 and not t["meets"] for t in tu["tried"])
+    # A setting whose window timed too few batches says so (a pass of 4 batches restarts its workers).
+    measured = [t for t in tu["tried"] if t["images_per_sec"] is not None]
+    assert measured and all(t["images_per_sec"] > 0 for t in measured) and not any(t["meets"] for t in tu["tried"])
+    assert all(t["not_measured"] in text for t in tu["tried"] if t["images_per_sec"] is None)
     s = tu["shortfall"]
-    assert s["best"]["images_per_sec"] == max(t["images_per_sec"] for t in tu["tried"])
+    top = max(measured, key=lambda t: t["images_per_sec"])
+    if s["told_apart"]:  # best only where its interval is above every other's
+        assert s["best"] == top and all(t["interval"][1] < top["interval"][0] for t in measured if t != top)
+    else:  # else the cheapest of those it cannot be told from
+        assert s["best"] == next(t for t in measured if t["interval"][1] >= top["interval"][0])
+        assert "cannot be told apart" in text and "the cheapest is" in text
     assert s["ratio"] == pytest.approx(s["best"]["images_per_sec"] / 1e9)
     stage = s["limit"]["slowest_stage"]["stage"]
     assert stage in ("read", "decode", "RandomResizedCrop", "RandomHorizontalFlip", "ToUint8HWC")
     assert f"the limit is the stage {stage}" in text and "x short" in text
+
+
+def _row(workers: int, rate: float | None, interval: list | None) -> dict:
+    return {"setting": {"num_workers": workers}, "images_per_sec": rate, "interval": interval}
+
+
+def test_a_setting_is_best_only_when_its_interval_is_above_the_others():
+    """Overlapping intervals: the settings cannot be told apart and the cheapest of them is named; a setting
+    whose interval lies above every other's is the best; a setting without a rate takes no part."""
+    from profiler.tune_report import best_of
+
+    tried = [_row(0, 40.0, [38.0, 42.0]), _row(1, None, None), _row(2, 43.3, [37.1, 48.0]), _row(4, 20.0, [19, 21])]
+    best, alike = best_of(tried)
+    assert best is tried[0] and alike == [tried[0], tried[2]]
+    tried[2]["interval"] = [42.5, 48.0]
+    best, alike = best_of(tried)
+    assert best is tried[2] and alike == [tried[2]]
+    assert best_of([_row(0, None, None)]) == (None, [])
+
+
+def test_a_setting_measured_in_several_processes_holds_its_median_and_meets_only_when_all_measured():
+    """The median process's rate lies inside the interval spanning theirs; a process without a rate leaves the
+    setting short of "meets", whatever the others measured."""
+    from runner.loader_tune import tune_row
+
+    def point(rate, lo, hi):
+        return {
+            "images_per_sec": rate,
+            "not_measured": None,
+            "batches": 30,
+            "slice_rates": [lo, rate, hi],
+            "interval": [lo, hi],
+            "interval_confidence": 0.75,
+            "cpu_cores": 1.0,
+            "rss_mb": 10.0,
+            "window_s": 1.0,
+        }
+
+    row = tune_row({"num_workers": 2}, [point(50, 45, 52), point(43, 37, 44), point(60, 58, 70)], 40)
+    assert row["interval"][0] <= row["images_per_sec"] <= row["interval"][1] and row["meets"]
+    lost = {**point(0, 0, 0), "images_per_sec": None, "interval": None, "not_measured": "not measured (2 batches)"}
+    row = tune_row({"num_workers": 2}, [point(50, 45, 52), lost, point(60, 58, 70)], 40)
+    assert not row["meets"] and row["not_measured"] == "1 of 3 processes not measured"
 
 
 PLAIN_LOOP = (

@@ -19,6 +19,7 @@ from harness.schedule import Schedule
 from profiler.progress import RunProgress
 from profiler.summary import Summary
 from profiler.training import training_block
+from profiler.uncertainty import STEP_BATCHES, window_rate
 
 tf = import_tf()
 
@@ -62,8 +63,10 @@ def summarize(
     for r in range(schedule.repeats):
         w = schedule.window(r)
         wall = timer.ends[w[-1]] - timer.starts[w[0]]
-        rates.append(schedule.steps * images_per_step / wall)
+        rates.append(window_rate(schedule.steps * images_per_step, wall, schedule.steps, need=STEP_BATCHES))
         measured.extend(timer.ends[i] - timer.starts[i] for i in w)
+    if None in rates:
+        raise RuntimeError(f"a timed window measured no time ({schedule.steps} steps)")
     total = Summary.of(rates)
     losses = timer.losses[:needed]
     return {

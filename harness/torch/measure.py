@@ -28,6 +28,7 @@ import torch
 from profiler import first_batch
 from profiler.summary import Summary
 from profiler.training import merge_ranks, skipped_steps, training_block
+from profiler.uncertainty import STEP_BATCHES, window_rate
 
 INITIAL_SCALE = 2.0**16  # torch.amp.GradScaler's init_scale, as harness/torch/run.py makes it
 
@@ -124,14 +125,22 @@ def wait_share(rank: dict) -> float | None:
     return min(1.0, sum(rank["wait_ms"]) / total) if total > 0 else None
 
 
+def _rates(images: int, walls: list[float], steps: int) -> list[float]:
+    """Each window's images/s (profiler/uncertainty.py `window_rate`: the one place a window's time divides)."""
+    rates = [window_rate(images, w, steps, need=STEP_BATCHES) for w in walls]
+    if None in rates:
+        raise RuntimeError(f"a timed window measured no time ({steps} steps)")
+    return rates
+
+
 def combine(ranks: list[dict], batch: int, steps: int) -> dict:
     """One result (the TensorFlow trainer's schema) from every rank's `figures()` plus its identity fields."""
     world = len(ranks)
     repeats = min(len(r["window_walls"]) for r in ranks)
     if repeats == 0:
         raise RuntimeError("no timed window completed")
-    rates = [world * batch * steps / max(r["window_walls"][i] for r in ranks) for i in range(repeats)]
-    total = Summary.of(rates)
+    total = Summary.of(_rates(world * batch * steps, [max(r["window_walls"][i] for r in ranks) for i in range(repeats)],
+                              steps))  # fmt: skip
     per_rank = []
     for r in ranks:
         share = wait_share(r)
@@ -140,7 +149,7 @@ def combine(ranks: list[dict], batch: int, steps: int) -> dict:
                 "rank": r["rank"],
                 "host": r["host"],
                 "device": r["device"],
-                "images_per_sec": Summary.of([batch * steps / w for w in r["window_walls"]]).to_dict(),
+                "images_per_sec": Summary.of(_rates(batch * steps, r["window_walls"], steps)).to_dict(),
                 "input_wait_share": share,
                 "input_wait_ms_mean": statistics.mean(r["wait_ms"]) if r["wait_ms"] else None,
                 "step_time_ms": _percentiles(r["step_ms"]),
