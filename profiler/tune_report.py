@@ -45,6 +45,9 @@ def _limit(best: dict, stages: dict | None, machine_cores: int) -> dict:
     if stages and stages.get("stages"):
         top = max(stages["stages"], key=lambda s: s["share"])
         slowest = {"stage": top["name"], "share": top["share"], "seconds_per_sample": top["seconds_per_sample"]}
+        share = {s["name"]: s["share"] for s in stages["stages"]}
+        # Stages whose time this many samples cannot tell from the slowest's (core/loader_stages.py).
+        slowest["tied_with"] = [{"stage": n, "share": share[n]} for n in stages.get("tied_with_slowest", [])]
     return {
         "slowest_stage": slowest,
         "stages_note": None if slowest else (stages or {}).get("note", "per-stage timing skipped (--no-stages)"),
@@ -136,12 +139,19 @@ def text(doc: dict) -> str:
 def _limit_words(limit: dict, machine_cores: int) -> str:
     """The stage that limits the loader, and whether the machine's cores ran out first."""
     st = limit["slowest_stage"]
-    stage = (
-        f"the limit is the stage {st['stage']} ({100 * st['share']:.0f}% of a sample's time, "
-        f"{1e3 * st['seconds_per_sample']:.2f} ms per sample)"
-        if st
-        else f"no stage named: {limit['stages_note']}"
-    )
+    if st and st.get("tied_with"):
+        each = [f"{t['stage']} ({100 * t['share']:.1f}%)" for t in [st, *st["tied_with"]]]
+        stage = (
+            f"the limit is one of the stages {', '.join(each[:-1])} and {each[-1]} of a sample's time: a tie "
+            "within the noise of the samples timed, so speeding up either one alone may not be enough"
+        )
+    elif st:
+        stage = (
+            f"the limit is the stage {st['stage']} ({100 * st['share']:.0f}% of a sample's time, "
+            f"{1e3 * st['seconds_per_sample']:.2f} ms per sample)"
+        )
+    else:
+        stage = f"no stage named: {limit['stages_note']}"
     used = f"the best setting used {limit['cores_used']:.2f} of the machine's {machine_cores} cores"
     if limit["cores_bound"]:
         return f"{stage}; {used}: the cores are used up (a cheaper stage, or more cores)"
