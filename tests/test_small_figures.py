@@ -110,3 +110,29 @@ def test_the_stage_table_and_the_tune_limit_say_a_tie_when_the_stages_tie():
     assert "RandomResizedCrop (44.4%) and decode (44.2%)" in words and "a tie" in words
     assert "the limit is the stage" not in words
     assert "a tie" in stages_text({**st, "slowest": "a (44.4%) and b (44.2%) of a sample: a tie"})
+
+
+def test_the_first_batch_line_says_what_each_path_spans():
+    """The baseline's 25.78 s on TensorFlow is the model's start-up (no input); on PyTorch the model is not in it."""
+    from profiler.first_batch import figure, line
+
+    tf = {
+        "gpu": {"first_batch": figure("tf", 25.78, parts={"session_s": 3.1, "first_step_s": 22.68})},
+        "zmq-consume": {"first_batch": figure("tf", 27.0, parts={"session_s": 3.0, "first_step_s": 24.0})},
+    }
+    words = line(tf)
+    assert (
+        "gpu 25.78 s (session 3.10 s + first step 22.68 s: the model's start-up alone, no input to wait for)" in words
+    )
+    assert "zmq-consume 27.00 s (session 3.00 s + first step 24.00 s)" in words
+    assert words.endswith("each figure spans the model's start-up (the session, the first step's graph optimisation "
+                          "and memory) and the input's first batch")  # fmt: skip
+    for r in tf.values():
+        check_at(r["first_batch"], "#/$defs/path_result/properties/first_batch")
+    torch = {
+        "gpu": {"first_batch": figure("torch", 0.02, [0.02])},
+        "spdl": {"first_batch": figure("torch", 7.3, [7.3])},
+    }
+    words = line(torch)
+    assert "gpu 0.02 s (its batch is made on the device: no input to wait for)" in words
+    assert words.endswith("each figure spans the input's first batch only (the model was built and placed before)")
