@@ -14,8 +14,8 @@ in the report mean the same for TensorFlow and PyTorch:
 - end, TensorFlow: the first training step has ended. The graph takes its
   batch inside that step, so the figure includes making the session and that
   one step, whose first run optimises the graph and allocates its memory: the
-  model's start-up. Its two parts are kept (`parts`): the session (opening to
-  the first step's start) and the first step. The baseline (`gpu`) has no
+  model's start-up. Its two parts are kept (`parts`): up to the first step's
+  start (the input started, the session made) and the first step. The baseline (`gpu`) has no
   input to wait for, so its figure is the model's start-up alone, and a path's
   time beyond it is roughly its input's.
 """
@@ -53,7 +53,10 @@ def _path_words(path: str, fb: dict) -> str:
     parts = fb.get("parts")
     words = f"{path} {fb['seconds']:.2f} s"
     if parts:
-        words += f" (session {parts['session_s']:.2f} s + first step {parts['first_step_s']:.2f} s"
+        before = "the session made" if path == BASELINE else "the input started and the session made"
+        words += (
+            f" ({parts['to_first_step_s']:.2f} s to its first step, {before}; first step {parts['first_step_s']:.2f} s"
+        )
         words += ": the model's start-up alone, no input to wait for)" if path == BASELINE else ")"
     elif path == BASELINE:
         words += " (its batch is made on the device: no input to wait for)"

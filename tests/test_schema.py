@@ -76,7 +76,7 @@ def test_every_path_of_each_trainer_reports_its_time_to_the_first_batch(default_
             assert max(fb["per_rank_s"]) == fb["seconds"] and min(fb["per_rank_s"]) > 0
         else:  # the session, then the first step: the two add up to the figure
             parts = fb["parts"]
-            assert parts["session_s"] + parts["first_step_s"] == pytest.approx(fb["seconds"])
+            assert parts["to_first_step_s"] + parts["first_step_s"] == pytest.approx(fb["seconds"])
     assert line.startswith(f"first batch, from {START} to {END[framework]}: ")
     assert "no input to wait for" in line and line.endswith(f"each figure spans {SPANS[framework]}")
 

@@ -117,14 +117,18 @@ def test_the_first_batch_line_says_what_each_path_spans():
     from profiler.first_batch import figure, line
 
     tf = {
-        "gpu": {"first_batch": figure("tf", 25.78, parts={"session_s": 3.1, "first_step_s": 22.68})},
-        "zmq-consume": {"first_batch": figure("tf", 27.0, parts={"session_s": 3.0, "first_step_s": 24.0})},
+        "gpu": {"first_batch": figure("tf", 25.78, parts={"to_first_step_s": 3.1, "first_step_s": 22.68})},
+        "zmq-consume": {"first_batch": figure("tf", 27.0, parts={"to_first_step_s": 3.0, "first_step_s": 24.0})},
     }
     words = line(tf)
     assert (
-        "gpu 25.78 s (session 3.10 s + first step 22.68 s: the model's start-up alone, no input to wait for)" in words
+        "gpu 25.78 s (3.10 s to its first step, the session made; first step 22.68 s: the model's start-up alone, no input to "
+        "wait for)" in words
     )
-    assert "zmq-consume 27.00 s (session 3.00 s + first step 24.00 s)" in words
+    assert (
+        "zmq-consume 27.00 s (3.00 s to its first step, the input started and the session made; first step 24.00 s)"
+        in words
+    )
     assert words.endswith("each figure spans the model's start-up (the session, the first step's graph optimisation "
                           "and memory) and the input's first batch")  # fmt: skip
     for r in tf.values():

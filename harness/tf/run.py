@@ -378,7 +378,7 @@ def _result(built: Built, timer: StepTimer, callbacks: list[Callback], opened: f
     """The path's result dict (docs/results.md): timing figures, accounting, each stage's telemetry."""
     cfg = built.cfg
     result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus)
-    parts = {"session_s": timer.starts[0] - opened, "first_step_s": timer.ends[0] - timer.starts[0]}
+    parts = {"to_first_step_s": timer.starts[0] - opened, "first_step_s": timer.ends[0] - timer.starts[0]}
     result["first_batch"] = first_batch.figure("tf", timer.ends[0] - opened, parts=parts)
     result.update(built.path.result_fields())
     telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)
