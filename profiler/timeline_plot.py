@@ -30,6 +30,7 @@ LABEL_COLOR = "#6b5200"
 COL_IN, ROW_IN, DPI = 4.2, 2.4, 100
 LABEL_PT = 9  # a path's label over its windows: readable at the PNG's 100 dpi
 NAN = float("nan")
+HEADROOM, HEADROOM_LABELLED = 1.12, 1.45  # the y axis's top over the highest figure; the top row holds the labels
 CEILING_FROM = 0.5  # the machine's cores are drawn in a CPU pane whose figures reach this share of them
 
 
@@ -89,7 +90,7 @@ def timeline_figure(doc: dict, title: str = ""):
         for j, (key, words) in enumerate(cols):
             ax = axes[i][j]
             _shade(ax, doc["windows"], labelled=i == 0)
-            _pane(ax, doc, stage, key, f"C{j}")
+            _pane(ax, doc, stage, key, f"C{j}", HEADROOM_LABELLED if i == 0 and doc["windows"] else HEADROOM)
             ax.set_xlim(0, end)
             if i == 0:
                 ax.set_title(words)
@@ -101,11 +102,12 @@ def timeline_figure(doc: dict, title: str = ""):
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles[:1], labels[:1], loc="lower center", ncol=1, frameon=False)
     fig.suptitle(title or "timeline: one row per stage, sampled once a second; timed windows shaded")
-    fig.tight_layout(rect=(0, 0.04 if doc["windows"] else 0, 1, 0.97))
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, 0.3 / height if doc["windows"] else 0, 1, 1 - 0.25 / height))
     return fig
 
 
-def _pane(ax, doc: dict, stage: str, key: str, color: str) -> None:
+def _pane(ax, doc: dict, stage: str, key: str, color: str, headroom: float) -> None:
     """One stage's figure in one pane; CPU with the machine's cores as its ceiling."""
     stepped = key != "rss_mb"  # a rate or CPU covers the second before its sample; memory is read at it
     xs, ys = _series(doc, stage, key, stepped)
@@ -115,13 +117,13 @@ def _pane(ax, doc: dict, stage: str, key: str, color: str) -> None:
         ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
         return
     ax.plot(xs, ys, ".-", color=color, linewidth=1.2, markersize=3, drawstyle="steps-pre" if stepped else "default")
-    top = max(values) * 1.12 or 1.0  # a flat line stays clear of the frame
+    top = max(values) * headroom or 1.0  # a flat line stays clear of the frame (and of the labels over it)
     cores = doc.get("machine_cores")
     if key == "cpu_cores" and cores and max(values) > CEILING_FROM * cores:
         ax.axhline(cores, color="grey", linestyle=":", linewidth=1)
         ax.annotate(f"{cores} cores", (0.99, cores), xycoords=("axes fraction", "data"), ha="right", va="bottom",
                     fontsize=8, color="grey")  # fmt: skip
-        top = max(top, cores * 1.12)
+        top = max(top, cores * headroom)
     ax.set_ylim(0, top)
 
 
