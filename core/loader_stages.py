@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +36,9 @@ NO_STAGES = {
     "dataflow": "a tensorpack DataFlow exposes no per-step timers; only the whole loader is measured",
     "iterable": "a plain iterable of batches exposes no steps to time; only the whole loader is measured",
 }
+
+
+TIE_Z = 1.96  # a stage within this many standard errors of the slowest one ties with it (95%, two-sided)
 
 
 class _Timed:
@@ -138,15 +143,37 @@ def profile(
     return profile_dataset(dataset, spec.name, kind, seed, samples, seconds, warmup, timeout)
 
 
-def _sample_times(dataset: Any, order: list[int], warmup: int, acc: dict[str, float]) -> Iterator[float]:
-    """The wall time of `dataset[i]` for each index of `order`; the stages' timers restart after `warmup`."""
+def _sample_times(
+    dataset: Any, order: list[int], warmup: int, acc: dict[str, float]
+) -> Iterator[tuple[float, dict[str, float]]]:
+    """The wall time of `dataset[i]` for each index of `order`, and the stages' timers after it (they
+    restart after `warmup`)."""
     for k, i in enumerate(order):
         if k == warmup:  # the first samples pay for imports and cold caches
             for name in acc:
                 acc[name] = 0.0
         t0 = time.perf_counter()
         dataset[int(i)]
-        yield time.perf_counter() - t0
+        yield time.perf_counter() - t0, dict(acc)
+
+
+def tied_with_slowest(per_sample: dict[str, list[float]]) -> list[str]:
+    """The slowest stage (most time over the samples), then every stage this many samples cannot tell from it.
+
+    Each sample times every stage, so the two are compared sample by sample: a stage is tied with the
+    slowest when the 95% interval of the mean of their paired differences (normal approximation) holds 0.
+    One sample gives no spread to judge by: every stage that took time is tied then.
+    """
+    totals = {name: sum(v) for name, v in per_sample.items()}
+    top = max(totals, key=totals.__getitem__)
+    out = [top]
+    for name, times in per_sample.items():
+        if name == top or totals[name] <= 0:
+            continue
+        d = [a - b for a, b in zip(per_sample[top], times, strict=True)]
+        if len(d) < 2 or statistics.mean(d) <= TIE_Z * statistics.stdev(d) / math.sqrt(len(d)):
+            out.append(name)
+    return sorted(out, key=lambda n: -totals[n])
 
 
 def profile_dataset(
@@ -169,18 +196,24 @@ def profile_dataset(
                     prepare=lambda t: t)  # fmt: skip
     whole, n = 0.0, 0
     end = None
-    for k, t in enumerate(times):
+    per_sample: dict[str, list[float]] = {s: [] for s in names}
+    before = dict.fromkeys(names, 0.0)
+    for k, (t, after) in enumerate(times):
         if k < warmup:
             continue
         end = end or time.monotonic() + seconds
         whole += t
         n += 1
+        for s in names:
+            per_sample[s].append(after[s] - before[s])
+        before = after
         if time.monotonic() > end:
             break
     times.close()
     per = whole / n
     stages = [{"name": s, "seconds_per_sample": acc[s] / n, "share": acc[s] / whole} for s in names]
     shares = sum(s["share"] for s in stages)
+    tied = tied_with_slowest(per_sample)
     source = "torchvision transforms" if kind in ("dataloader", "dataset") else kind
     return {
         "loader": name,
@@ -191,7 +224,8 @@ def profile_dataset(
         "stages": stages,
         "shares_sum": shares,
         "unaccounted_share": 1.0 - shares,
-        "slowest": slowest_words(stages, shares, per),
+        "slowest": slowest_words(stages, shares, per, tied, n),
+        "tied_with_slowest": tied[1:],
     }
 
 
@@ -209,11 +243,16 @@ def limiting(stages: list[dict], shares_sum: float, per_sample: float) -> dict:
     return {"name": UNACCOUNTED, "share": rest, "seconds_per_sample": per_sample * rest}
 
 
-def slowest_words(stages: list[dict], shares_sum: float, per_sample: float) -> str:
-    """`decode (61% of a sample)`; or, where the listed stages explain less than the time outside them, that."""
+def slowest_words(stages: list[dict], shares_sum: float, per_sample: float, tied: list[str], samples: int) -> str:
+    """`decode (61% of a sample)`; the stages that tie for it (`tied`: which of them is slowest is within the
+    noise of `samples` samples); or, where the listed stages explain less than the time outside them, that."""
     top = limiting(stages, shares_sum, per_sample)
     if top["name"] != UNACCOUNTED:
-        return f"{top['name']} ({100 * top['share']:.0f}% of a sample)"
+        share = {s["name"]: s["share"] for s in stages}
+        if len(tied) < 2:
+            return f"{top['name']} ({100 * top['share']:.0f}% of a sample)"
+        each = [f"{n} ({100 * share[n]:.1f}%)" for n in tied]
+        return f"{', '.join(each[:-1])} and {each[-1]} of a sample: a tie, not told apart by {samples} samples"
     return (
         f"none of the listed stages: they explain {100 * shares_sum:.1f}% of a sample's {1e3 * per_sample:.2f} ms; "
         f"{100 * top['share']:.1f}% ({1e3 * per_sample * top['share']:.2f} ms) is {UNACCOUNTED}"

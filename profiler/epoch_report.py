@@ -21,7 +21,7 @@ from tabulate import tabulate
 
 from core.atomic import atomic_write, write_all
 from profiler.earlier import write_keeping_earlier
-from profiler.uncertainty import STEP_BATCHES, window_rate
+from profiler.uncertainty import STEP_BATCHES, shift_interval, window_rate
 
 BIN_S = 1.0  # the width of a rate bin
 AROUND = 2  # whole bins shown before an epoch's last batch and after the next epoch's first
@@ -128,17 +128,50 @@ def run_figures(run: dict) -> dict:
 
 
 def saving(runs: list[dict]) -> dict | None:
-    """What persistent workers save at each later epoch's start: the median first batch of epochs 2..N, each way."""
+    """What persistent workers save at each later epoch's start, with its interval, or None without both runs.
+
+    The first batches of epochs 2..N, each way: `saves_s` is the median of every difference without - with
+    (the Hodges–Lehmann shift), its interval Moses' (profiler/uncertainty.py), both from the same epochs.
+    One later epoch each way has no spread to judge by: no interval, and no saving is told.
+    """
     by = {r["persistent_workers"]: r for r in runs if r["persistent_workers"] is not None}
     if set(by) != {False, True} or len(by[False]["epochs"]) < 2:
         return None
-    later = {k: statistics.median(e["first_batch_s"] for e in r["epochs"][1:]) for k, r in by.items()}
+    later = {k: [e["first_batch_s"] for e in r["epochs"][1:]] for k, r in by.items()}
+    lo, hi, confidence = shift_interval(later[False], later[True])
+    measured = confidence > 0
     return {
         "epochs_compared": [e["epoch"] for e in by[False]["epochs"][1:]],
-        "first_batch_without_s": later[False],
-        "first_batch_with_s": later[True],
-        "saves_s": later[False] - later[True],
+        "first_batch_without_s": statistics.median(later[False]),
+        "first_batch_with_s": statistics.median(later[True]),
+        "saves_s": statistics.median(a - b for a in later[False] for b in later[True]),
+        "interval_s": [lo, hi] if measured else None,
+        "confidence": confidence,
+        "told_apart": measured and (lo > 0 or hi < 0),
     }
+
+
+def saving_words(s: dict) -> str:
+    """The saving with its interval, or that these epochs cannot tell it from their own noise."""
+    epochs = _epochs_words(s["epochs_compared"])
+    each = (
+        f"the first batch of {epochs} comes {s['first_batch_with_s']:.2f} s after the epoch starts instead of "
+        f"{s['first_batch_without_s']:.2f} s (medians)"
+    )
+    if s["interval_s"] is None:
+        return (
+            f"persistent_workers=True: cannot be told from one later epoch each way ({each}; one pair of epochs "
+            "has no spread to judge the noise by): --epochs 4 or more gives an interval"
+        )
+    lo, hi = s["interval_s"]
+    interval = f"interval {lo:.2f} to {hi:.2f} s, {100 * s['confidence']:.0f}% confidence"
+    if not s["told_apart"]:
+        return (
+            f"persistent_workers=True: no saving told apart from the noise: {each}; the difference, "
+            f"{s['saves_s']:.2f} s ({interval}), could be either way"
+        )
+    verb = "saves" if s["saves_s"] > 0 else "costs"
+    return f"persistent_workers=True {verb} {abs(s['saves_s']):.2f} s ({interval}) at each later epoch's start: {each}"
 
 
 def document(name: str, epochs: int, runs: list[dict], machine_cores: int) -> dict:
@@ -209,12 +242,7 @@ def text(doc: dict) -> str:
         out += ["", run_text(run)] if run["persistent_workers"] is None else [run_text(run)]
     s = ep["persistent_workers_saving"]
     if s:
-        out += [
-            "",
-            f"persistent_workers=True saves {s['saves_s']:.2f} s at each later epoch's start: the first batch of "
-            f"{_epochs_words(s['epochs_compared'])} comes {s['first_batch_with_s']:.2f} s "
-            f"after the epoch starts instead of {s['first_batch_without_s']:.2f} s (medians)",
-        ]
+        out += ["", saving_words(s)]
     if ep["note"]:
         out += ["", f"note: {ep['note']}"]
     return "\n".join(out)

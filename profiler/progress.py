@@ -8,9 +8,12 @@ the plain lines the CLI prints, not carriage-return noise. A trainer calls
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 
 from tqdm import tqdm
+
+STATUS_EVERY_S = 0.5  # the live status is asked for at most this often, not in every step it would slow
 
 
 def interactive() -> bool:
@@ -30,6 +33,7 @@ class RunProgress:
         self.position = position
         self.bar = None
         self.steps = 0
+        self._status_at = -STATUS_EVERY_S
 
     def begin(self) -> None:
         desc = f"{self.path}: waiting for the first batch" if self.warmup else f"{self.path}: measuring"
@@ -53,7 +57,10 @@ class RunProgress:
         if self.steps == self.warmup:
             self.bar.set_description_str(f"{self.path}: measuring")
         if self.status is not None and not self.bar.disable:  # no status line asked for when none is shown
-            self.bar.set_postfix_str(self.status(), refresh=False)
+            now = time.monotonic()
+            if now - self._status_at >= STATUS_EVERY_S:
+                self._status_at = now
+                self.bar.set_postfix_str(self.status(), refresh=False)
         self.bar.update(1)
 
     def end(self) -> None:

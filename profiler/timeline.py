@@ -73,7 +73,8 @@ class Timeline:
         self._queue: list[tuple[float, int]] = []  # (monotonic end of a step, batches its queue held)
         self._pid = os.getpid()
         self._procs: dict[int, psutil.Process] = {}
-        self._cpu: dict[int, float] = {}  # CPU seconds of each process (and its reaped children) at the last sample
+        # CPU seconds of each process (and its reaped children) at the last sample, and when they were read.
+        self._cpu: dict[int, tuple[float, float]] = {}
         self._parent: dict[int, int] = {}  # each process's parent at the last sample
         self._parent_now: dict[int, int] = {}  # ... and at the sample being taken
         self._last = time.perf_counter()
@@ -81,6 +82,7 @@ class Timeline:
         self._thread: threading.Thread | None = None
         self.t0 = time.perf_counter()
         self.started = time.time()
+        self.cores = os.cpu_count() or 1
 
     def __enter__(self) -> Timeline:
         self.start()
@@ -113,6 +115,8 @@ class Timeline:
         """(process, stage, its producer's stats file) for this process and every descendant.
 
         One scan of /proc for the whole tree (psutil's recursive children: parents come before their own).
+        A child that ended but is not yet reaped (a zombie) stays in: its CPU moves to its parent only
+        when the parent reaps it, and until then it is counted where it was.
         """
         me = self._procs.setdefault(self._pid, psutil.Process(self._pid))
         out, stage_of = [(me, self.main_stage, None)], {self._pid: self.main_stage}
@@ -124,7 +128,11 @@ class Timeline:
         for c in children:
             c = self._procs.setdefault(c.pid, c)  # the same object each second: psutil checks it is the same
             try:
-                parent, cmd = c.ppid(), c.cmdline()
+                parent = c.ppid()
+                try:
+                    cmd = c.cmdline()
+                except psutil.ZombieProcess:
+                    cmd = []
             except psutil.Error:
                 continue
             self._parent_now[c.pid] = parent
@@ -134,30 +142,52 @@ class Timeline:
             out.append((c, stage_of[c.pid], _stats_file(cmd) if producer else None))
         return out
 
-    def _sample(self) -> dict:
-        """One row: per stage, CPU cores over the last second, resident MB, processes (and sent images/s)."""
-        stages: dict[str, dict] = {self.main_stage: _empty()}
-        tree = self._tree()
-        now = time.perf_counter()
-        seconds, self._last = now - self._last, now
-        self._procs = {p.pid: p for p, _, _ in tree}  # forget processes that ended
-        cpu_before, self._cpu = self._cpu, {}
-        counted = _reaped(cpu_before, self._parent, {p.pid for p, _, _ in tree})
-        self._parent = self._parent_now
+    def _read(self, tree: list) -> list[tuple[psutil.Process, str, str | None, float, float, float]]:
+        """(process, stage, stats file, CPU seconds, resident bytes, when read) of each process read now.
+
+        A process's CPU is its own and that of the children it reaped (a DataLoader's workers that end with
+        each pass). One that cannot be read but is still there keeps its last reading, so that its CPU,
+        counted before, is taken off its parent when the parent reaps it.
+        """
+        before, self._cpu = self._cpu, {}
+        got = []
         for proc, stage, stats in tree:
             try:
                 with proc.oneshot():
                     times, rss = proc.cpu_times(), proc.memory_info().rss
             except psutil.Error:
+                if proc.pid in before and proc.is_running():
+                    self._cpu[proc.pid] = before[proc.pid]
                 continue
-            # As profiler/cpu.py:tree_cpu_seconds counts: a process's own CPU and that of the children it
-            # reaped (a DataLoader's workers that end with each pass). What a reaped child had already
-            # been counted with is taken off its parent's rise. A process first seen now started since
-            # the last sample: all its CPU time is this second's.
-            self._cpu[proc.pid] = times.user + times.system + times.children_user + times.children_system
-            rise = self._cpu[proc.pid] - cpu_before.get(proc.pid, 0.0) - counted.get(proc.pid, 0.0)
+            at = time.perf_counter()
+            cpu = times.user + times.system + times.children_user + times.children_system
+            self._cpu[proc.pid] = (cpu, at)
+            got.append((proc, stage, stats, cpu, rss, at))
+        return got
+
+    def _sample(self) -> dict:
+        """One row: per stage, CPU cores over the last second, resident MB, processes (and sent images/s).
+
+        Each process's CPU rise is divided by the time between its own two readings: a second that
+        stretched under load (reading the tree took long, or the next row came early to keep the beat)
+        is divided by its real length, so the row never holds more CPU than the machine's cores ran.
+        """
+        stages: dict[str, dict] = {self.main_stage: _empty()}
+        tree = self._tree()
+        now = time.perf_counter()
+        span, self._last = now - self._last, now
+        self._procs = {p.pid: p for p, _, _ in tree}  # forget processes that ended
+        before = self._cpu
+        got = self._read(tree)
+        # What an ended process had already been counted with is taken off its reaper's rise.
+        counted = _reaped({pid: c for pid, (c, _) in before.items()}, self._parent, set(self._cpu))
+        self._parent = self._parent_now
+        for proc, stage, stats, cpu, rss, at in got:
+            # A process first seen now started since the last row: all its CPU is this row's.
+            cpu0, at0 = before.get(proc.pid, (0.0, at - span))
+            rise = cpu - cpu0 - counted.get(proc.pid, 0.0)
             s = stages.setdefault(stage, _empty())
-            s["cpu_cores"] += max(0.0, rise) / seconds if seconds > 0 else 0.0
+            s["cpu_cores"] += max(0.0, rise) / (at - at0) if at > at0 else 0.0
             s["rss_mb"] += rss / 1e6
             s["processes"] += 1
             if stats:
@@ -196,8 +226,10 @@ class Timeline:
         _per_row(rows, sorted((t - self.t0, n) for t, n in self._steps), self.main_stage, "images_per_sec", _rate)
         _per_row(rows, sorted((t - self.t0, n) for t, n in self._queue), self.main_stage, "queue_occupancy", _mean)
         _counted(rows)
+        _within_cores(rows, self.cores)
         return {
             "interval_s": self.interval,
+            "machine_cores": self.cores,
             "started": self.started,
             "stages": names,
             "samples": rows,
@@ -248,6 +280,16 @@ def _per_row(rows: list[dict], events: list[tuple[float, int]], stage: str, key:
         if (v := fold(values, r["t"] - before)) is not None:
             r["stages"][stage][key] = v
         before = r["t"]
+
+
+def _within_cores(rows: list[dict], cores: int) -> None:
+    """No row holds more CPU than the machine has cores: the kernel counts CPU time in ticks (10 ms), so
+    a second's readings of many processes can round up past it; such a row's stages are scaled to fit."""
+    for r in rows:
+        total = sum(s["cpu_cores"] for s in r["stages"].values())
+        if total > cores:
+            for s in r["stages"].values():
+                s["cpu_cores"] *= cores / total
 
 
 def _counted(rows: list[dict]) -> None:

@@ -60,6 +60,10 @@ def _limit(best: dict, stages: dict | None, machine_cores: int) -> dict:
         # The largest stage, or what no stage covers where that is larger (the listed stages explain little).
         top = limiting(stages["stages"], stages["shares_sum"], stages["seconds_per_sample"])
         slowest = {"stage": top["name"], "share": top["share"], "seconds_per_sample": top["seconds_per_sample"]}
+        share = {s["name"]: s["share"] for s in stages["stages"]}
+        # Stages whose time this many samples cannot tell from the slowest's (core/loader_stages.py).
+        tied = stages.get("tied_with_slowest", []) if top["name"] != UNACCOUNTED else []
+        slowest["tied_with"] = [{"stage": n, "share": share[n]} for n in tied]
     return {
         "slowest_stage": slowest,
         "stages_note": None if slowest else (stages or {}).get("note", "per-stage timing skipped (--no-stages)"),
@@ -175,17 +179,24 @@ def _shortfall_words(s: dict, demand: float) -> str:
 def _limit_words(limit: dict, machine_cores: int) -> str:
     """The stage that limits the loader, and whether the machine's cores ran out first."""
     st = limit["slowest_stage"]
-    stage = (
-        f"the limit is the stage {st['stage']} ({100 * st['share']:.0f}% of a sample's time, "
-        f"{1e3 * st['seconds_per_sample']:.2f} ms per sample)"
-        if st
-        else f"no stage named: {limit['stages_note']}"
-    )
     if st and st["stage"] == UNACCOUNTED:
         stage = (
             f"the limit is none of the listed stages: they explain {100 * (1 - st['share']):.1f}% of a sample's "
             f"time; {100 * st['share']:.1f}% ({1e3 * st['seconds_per_sample']:.2f} ms per sample) is {UNACCOUNTED}"
         )
+    elif st and st.get("tied_with"):
+        each = [f"{t['stage']} ({100 * t['share']:.1f}%)" for t in [st, *st["tied_with"]]]
+        stage = (
+            f"the limit is one of the stages {', '.join(each[:-1])} and {each[-1]} of a sample's time: a tie "
+            "within the noise of the samples timed, so speeding up either one alone may not be enough"
+        )
+    elif st:
+        stage = (
+            f"the limit is the stage {st['stage']} ({100 * st['share']:.0f}% of a sample's time, "
+            f"{1e3 * st['seconds_per_sample']:.2f} ms per sample)"
+        )
+    else:
+        stage = f"no stage named: {limit['stages_note']}"
     used = f"the best setting used {limit['cores_used']:.2f} of the machine's {machine_cores} cores"
     if limit["cores_bound"]:
         return f"{stage}; {used}: the cores are used up (a cheaper stage, or more cores)"

@@ -46,6 +46,9 @@ fi
 
 "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "feedbench needs Python 3.11 or newer"'
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# A pip configuration that names package folders this machine does not have makes pip warn about each one
+# for every package (over a hundred lines): those folders are left out of this set-up's pip runs, said once.
+eval "$("$VENV/bin/python" scripts/pip_locations.py)"
 pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" --upgrade pip setuptools wheel
 

@@ -62,19 +62,23 @@ def test_every_default_path_of_each_trainer_matches_the_schema(default_run):
 
 def test_every_path_of_each_trainer_reports_its_time_to_the_first_batch(default_run):
     """Each path's first batch, in the JSON and under the table: positive, within the run, between named events."""
-    from profiler.first_batch import END, START
+    from profiler.first_batch import END, SPANS, START
 
     framework, doc, stdout, wall = default_run
-    line = next(ln for ln in stdout.splitlines() if ln.startswith("first batch: "))
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("first batch, from "))
     for name, r in doc["paths"].items():
         fb = r["first_batch"]
         assert 0 < fb["seconds"] < wall, (name, fb)
-        assert (fb["from"], fb["to"]) == (START, END[framework])
+        assert (fb["from"], fb["to"], fb["spans"]) == (START, END[framework], SPANS[framework])
         assert f"{name} {fb['seconds']:.2f} s" in line, line
         if framework == "torch":  # the path's figure is the slowest rank's
             assert fb["per_rank_s"] == [rank["first_batch_s"] for rank in r["ranks"]]
             assert max(fb["per_rank_s"]) == fb["seconds"] and min(fb["per_rank_s"]) > 0
-    assert f"(from {START} to {END[framework]})" in line
+        else:  # the session, then the first step: the two add up to the figure
+            parts = fb["parts"]
+            assert parts["to_first_step_s"] + parts["first_step_s"] == pytest.approx(fb["seconds"])
+    assert line.startswith(f"first batch, from {START} to {END[framework]}: ")
+    assert "no input to wait for" in line and line.endswith(f"each figure spans {SPANS[framework]}")
 
 
 def test_a_sweep_matches_the_schema(tmp_path):

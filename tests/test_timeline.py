@@ -132,3 +132,84 @@ def test_cpu_of_processes_that_ended_between_samples_is_counted():
     counted = sum(r["stages"]["loader"]["cpu_cores"] * (r["t"] - (rows[i - 1]["t"] if i else 0.0))
                   for i, r in enumerate(rows))  # fmt: skip
     assert children >= 1.2 and counted >= 0.95 * children, (counted, children)
+
+
+def test_a_child_reaped_late_is_counted_once_and_no_row_passes_the_cores():
+    """A worker that ends and waits, unreaped, over a few samples (a zombie) before its parent reaps it: its
+    CPU is counted once, and never as the burst of a whole life in one short row (7.6 cores on 2 cores)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from profiler.timeline import Timeline
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0:\n    pass\n"
+    timeline = Timeline("loader", interval=0.2)
+    start = os.times()
+    with timeline:
+        child = subprocess.Popen([sys.executable, "-c", burn])
+        while psutil_status(child.pid) != "zombie":  # ended; not reaped yet
+            time.sleep(0.05)
+        time.sleep(0.6)  # a few samples see it as a zombie
+        child.wait()
+        time.sleep(0.5)  # a few samples after its reaping
+    end = os.times()
+    used = sum(end[:4]) - sum(start[:4])  # this process's CPU and its child's: the timeline's one stage
+    doc = timeline.document()
+    rows = doc["samples"]
+    counted = sum(r["stages"]["loader"]["cpu_cores"] * (r["t"] - (rows[i - 1]["t"] if i else 0.0))
+                  for i, r in enumerate(rows))  # fmt: skip
+    assert used >= 1.0 and 0.85 * used <= counted <= 1.1 * used, (counted, used)
+    assert doc["machine_cores"] == os.cpu_count()
+    assert max(sum(s["cpu_cores"] for s in r["stages"].values()) for r in rows) <= doc["machine_cores"]
+
+
+def psutil_status(pid: int) -> str:
+    import psutil
+
+    return psutil.Process(pid).status()
+
+
+def _doc(queue_from: float, producers: bool) -> dict:
+    """A timeline document as profiler/timeline.py writes it: the gpu path (no queue) for 4 s, then python-queue
+    (a queue each step found) for 4 s, with two short windows each."""
+    rows = []
+    for t in range(1, 9):
+        trainer = {"cpu_cores": 0.5, "rss_mb": 800.0, "processes": 1, "images_per_sec": 50.0}
+        if t > queue_from:
+            trainer["queue_occupancy"] = 3.0
+        stages = {"trainer": trainer}
+        if producers:
+            stages["producers"] = {"cpu_cores": 0.0, "rss_mb": 0.0, "processes": 0}
+        rows.append({"t": float(t), "stages": stages})
+    windows = [{"label": p, "start": a, "end": a + 0.15} for p, a in
+               (("gpu", 2.0), ("gpu", 2.3), ("python-queue", 6.0), ("python-queue", 6.3))]  # fmt: skip
+    names = ["trainer", "producers"] if producers else ["trainer"]
+    return {"interval_s": 1.0, "machine_cores": 2, "stages": names, "samples": rows, "windows": windows}
+
+
+def test_the_timeline_draws_only_what_ran():
+    """No producers' words in a run without producers; no queue occupancy over the path without a queue."""
+    from profiler.timeline_plot import _columns, timeline_figure
+
+    assert ("images_per_sec", "images/s") in _columns(_doc(4.0, producers=False))
+    assert ("images_per_sec", "images/s (producers: sent)") in _columns(_doc(4.0, producers=True))
+    fig = timeline_figure(_doc(4.0, producers=False))
+    queue_pane = [ax for ax in fig.axes if ax.get_title() == "queue occupancy"][0]
+    xs = [x for line in queue_pane.get_lines() for x, y in line.get_xydata() if y == y]
+    assert xs and min(xs) >= 4.0, xs  # drawn from python-queue's first second on, not over gpu's
+
+
+def test_the_timelines_path_labels_are_level_readable_and_apart():
+    from profiler.timeline_plot import timeline_figure
+
+    fig = timeline_figure(_doc(4.0, producers=True))
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes[:3]:  # the top row: the labels over the windows
+        labels = [t for t in ax.texts if t.get_text() in ("gpu", "python-queue")]
+        assert sorted(t.get_text() for t in labels) == ["gpu", "python-queue"]
+        assert all(t.get_rotation() == 0 and t.get_fontsize() >= 9 for t in labels)
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        assert not boxes[0].overlaps(boxes[1])
+        assert all(ax.get_window_extent(renderer).contains(b.x0, b.y0) for b in boxes)

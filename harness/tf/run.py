@@ -381,7 +381,8 @@ def _result(built: Built, timer: StepTimer, callbacks: list[Callback], opened: f
     cfg = built.cfg
     scale = getattr(built.model, "loss_scale", None) if getattr(built.model, "use_fp16", False) else None
     result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus, scale)
-    result["first_batch"] = first_batch.figure("tf", timer.ends[0] - opened)
+    parts = {"to_first_step_s": timer.starts[0] - opened, "first_step_s": timer.ends[0] - timer.starts[0]}
+    result["first_batch"] = first_batch.figure("tf", timer.ends[0] - opened, parts=parts)
     result.update(built.path.result_fields())
     telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)
     if telemetry is not None:

@@ -132,7 +132,9 @@ class CpuUse(Callback):
     """CPU seconds of each input stage over the timed steps (profiler/cpu.py): producers, receive threads.
 
     Two snapshots, before the first timed step and after the last one; reading
-    /proc and psutil twice costs a few milliseconds, outside the timed window's steps.
+    /proc and psutil twice costs a few milliseconds, outside the timed window's steps:
+    the first is taken when the last warm-up step has ended (its hook runs after the step
+    timer's), never in the first timed step's own hooks, which run after the timer started it.
     """
 
     def __init__(self, warmup: int, total_steps: int, producers=None) -> None:
@@ -148,13 +150,17 @@ class CpuUse(Callback):
         pids = [p.pid for p in self.producers.procs] if self.producers is not None else []
         return CpuMeter(pids)
 
-    def _before_run(self, ctx):
-        if self.step == self.warmup:
-            self.meter = self._meter()
-            self._a = self.meter.snapshot()
-        return None
+    def _start(self) -> None:
+        self.meter = self._meter()
+        self._a = self.meter.snapshot()
+
+    def _before_train(self) -> None:
+        if self.warmup == 0:  # no warm-up step to follow: before the first step
+            self._start()
 
     def _after_run(self, ctx, values) -> None:
+        if self.step == self.warmup - 1:
+            self._start()
         if self.step == self.total_steps - 1 and self._a is not None:
             self._b = self.meter.snapshot()
         self.step += 1
