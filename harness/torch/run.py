@@ -289,6 +289,8 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
     if any("cuda_regions" in r for r in ranks):  # registered with CUDA, or refused (then zero_copy is false)
         regions = [r.get("cuda_regions", {}) for r in ranks]
         result["cuda_regions"] = {k: sum(x.get(k, 0) for x in regions) for k in ("registered", "refused")}
+    if any("files" in r for r in ranks):  # gpu-decode: how often each rank's step got each file of its shards
+        result["files"] = [{"rank": r["rank"], **r["files"]} for r in ranks if "files" in r]
     if any(r.get("decoded_on") for r in ranks):  # every result says where DALI decoded
         result["decoded_on"] = [{"rank": r["rank"], "on": r.get("decoded_on")} for r in ranks]
     if cfg.telemetry:
