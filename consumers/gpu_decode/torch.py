@@ -183,7 +183,8 @@ class GpuDecode(PythonQueue):
             for arrays in pull(self.consumer, cfg.recv_timeout, self.stop.is_set):
                 items, labels, indices = self._checked(arrays)
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    images = augment(decode_batch(items, device, [self.files[i] for i in indices]), cfg.image_size, rng)
+                    names = [f"{cfg.data}/{self.files[i]}" for i in indices]
+                    images = augment(decode_batch(items, device, names), cfg.image_size, rng)
                     labels_t = torch.from_numpy(labels.astype(np.int64)).to(device, non_blocking=False)
                     done = torch.cuda.Event() if stream is not None else None
                     if done is not None:
