@@ -223,6 +223,14 @@ def report(
     if cfg.telemetry:
         print()
         print(verdicts_text(results, framework=plugin.framework))
+    if cfg.real_data:
+        from profiler.real_data import add_feeding, table
+
+        add_feeding(results, BASELINE, cfg.num_gpus, cfg.loader)
+        print(
+            f"\nfeeding the model from {cfg.data} (input cores: the processes the ranks started and their input threads)"
+        )
+        print(table(results))
     if cfg.profile_dir:
         print()
         print(plugin.how_to_open(cfg.profile_dir))

@@ -17,8 +17,9 @@ import os
 import random
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,14 @@ from core.images.files import DatasetError, list_images, read_file
 from producers.decode import add_data_args
 from producers.options import add_send_args, run_producer
 from wire import strings
+
+JPEG_SOI = b"\xff\xd8"
+MAX_NAMED = 1000  # skipped files listed in a header (its extras stay far below the 64 KiB limit)
+WARN_FIRST = 3  # skipped files named on stderr per worker
+
+
+class NotJpegError(RuntimeError):
+    """A file that is not a JPEG (with --on-bad-file fail)."""
 
 
 def shard_of(n: int, index: int, count: int) -> list[int]:
@@ -43,6 +52,13 @@ class ReadSource:
     workers: int = 1
     seed: int = 0
     shard: tuple[int, int] = (0, 1)  # (index, count) over the run's producers
+    on_bad_file: str = "skip"  # or "fail"
+    skipped: Any = field(default=None, compare=False, repr=False)  # per worker: a list, filled as files are skipped
+
+    def header_extras(self, worker: int) -> dict[str, Any]:
+        """The files this worker skipped so far (the first MAX_NAMED), in each native header."""
+        bad = self.skipped[worker] if self.skipped is not None else []
+        return {"bad_files": len(bad), "skipped_files": bad[:MAX_NAMED]} if bad else {}
 
     def files(self, worker: int) -> tuple[list[str], list[int], list[int]]:
         """(paths, labels, this worker's file indices)."""
@@ -60,14 +76,33 @@ class ReadSource:
         root = str(Path(self.root))
         items: list[bytes] = []
         taken: list[int] = []
+        skipped = self.skipped[worker] if self.skipped is not None else []
         for epoch in range(sys.maxsize):
             random.Random(f"{self.seed}/{self.shard[0]}/{worker}/{epoch}").shuffle(mine)
             for i in mine:
-                items.append(read_file(f"{root}/{files[i]}"))
+                data = read_file(f"{root}/{files[i]}")
+                if not data.startswith(JPEG_SOI):
+                    self._not_jpeg(f"{root}/{files[i]}", data, len(skipped))
+                    skipped.append(i)
+                    continue
+                items.append(data)
                 taken.append(i)
                 if len(items) == self.batch:
                     yield strings.of(items), np.array([labels[k] for k in taken], np.int32), np.array(taken, np.int64)
                     items, taken = [], []
+            gone = set(skipped)
+            mine = [i for i in mine if i not in gone]
+            if not mine:
+                raise NotJpegError(f"worker {worker}: no file of its shard of {self.root} is a JPEG; nothing to send")
+
+    def _not_jpeg(self, path: str, data: bytes, before: int) -> None:
+        """Stop (--on-bad-file fail) or name the first few skipped files."""
+        why = f"not a JPEG (starts with {data[:4]!r})"
+        if self.on_bad_file == "fail":
+            raise NotJpegError(f"{path}: {why} (--on-bad-file skip skips such files)")
+        if before < WARN_FIRST:
+            more = "; further files that are not JPEGs are only counted" if before + 1 == WARN_FIRST else ""
+            print(f"warning: skipping {path}: {why}{more}", file=sys.stderr, flush=True)
 
     def describe(self) -> str:
         index, count = self.shard
@@ -104,7 +139,10 @@ def _run(args: argparse.Namespace) -> int:
     except (DatasetError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    source = ReadSource(args.data, args.list, args.batch, args.workers, args.seed, args.shard)
+    skipped = [[] for _ in range(args.workers)]  # workers are processes: each reports its own in its headers
+    source = ReadSource(
+        args.data, args.list, args.batch, args.workers, args.seed, args.shard, args.on_bad_file, skipped
+    )
     return run_producer(source, args, source.describe())
 
 
@@ -112,6 +150,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("read", help="read JPEG files from a folder and push them undecoded (decoded on the GPU)")
     add_send_args(p)
     add_data_args(p)
+    p.add_argument(
+        "--on-bad-file", choices=("skip", "fail"), default="skip",
+        help="a file that is not a JPEG: skip it, naming the first few (default), or stop",
+    )  # fmt: skip
     p.add_argument(
         "--shard", type=parse_shard, default=(0, 1), metavar="K/N", help="read every N-th file from the K-th"
     )

@@ -30,7 +30,7 @@ from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import InputError
 from core.images.decoders import random_resized_crop_box
 from core.images.files import list_images
-from core.registry import register
+from core.registry import batch_maker_of, register
 from profiler.telemetry import DescribedStage, SampledQueue
 from wire import strings
 
@@ -95,18 +95,27 @@ class FilesSeen:
     def __init__(self, owners: dict[int, tuple[int, int]]) -> None:
         self.owners = owners  # file index -> (producer shard, worker): the order it is sent in
         self.count: collections.Counter = collections.Counter()
+        self.skipped: set[int] = set()  # files the producers skip (not JPEGs): no pass brings them
+
+    def header(self, header) -> None:
+        """Note the files a producer says it skipped (its native header's `skipped_files`)."""
+        if header is not None:
+            self.skipped.update(int(i) for i in header.extras.get("skipped_files", ()))
 
     def add(self, indices: np.ndarray) -> None:
         self.count.update(indices.tolist())
 
     def figures(self) -> dict:
-        """files of this rank's shards, delivered, distinct, and whether each came once per pass of its sender."""
+        """Files of this rank's shards, those skipped as not JPEGs, delivered, distinct, and whether each of the
+        rest came once per pass of the worker that sends it."""
         groups: dict[tuple[int, int], list[int]] = collections.defaultdict(list)
         for i, owner in self.owners.items():
-            groups[owner].append(self.count[i])
+            if i not in self.skipped:
+                groups[owner].append(self.count[i])
         even = all(max(c) - min(c) <= 1 for c in groups.values()) and set(self.count) <= set(self.owners)
         return {
             "mine": len(self.owners),
+            "skipped": len(self.skipped),
             "delivered": sum(self.count.values()),
             "distinct": len(self.count),
             "once_per_pass": even,
@@ -166,7 +175,7 @@ class GpuDecode(PythonQueue):
             return
         from runner.producer_group import ProducerGroup, run_producer_command
 
-        read = replace(cfg, producer_kind="read")
+        read = self.read_config()
         cmds, stats = [], []
         for pid in self.producer_ids:
             stats.append(f"{ctx.tmpdir}/producer-{pid}.json")
@@ -180,7 +189,7 @@ class GpuDecode(PythonQueue):
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         rng = random.Random(f"gpu-decode/{self.ctx.rank}")
         try:
-            for arrays in pull(self.consumer, cfg.recv_timeout, self.stop.is_set):
+            for arrays in pull(self.consumer, cfg.recv_timeout, self.stop.is_set, headers=self.seen.header):
                 items, labels, indices = self._checked(arrays)
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                     names = [f"{cfg.data}/{self.files[i]}" for i in indices]
@@ -235,6 +244,13 @@ class GpuDecode(PythonQueue):
     def sampled_stages(self) -> list:
         decoder = {"kind": "torchvision decode_jpeg (batched)", "device": self.decoded_on}
         return [SampledQueue(self.queue_sizes, self.depth), DescribedStage("decoder", decoder)]
+
+    def read_config(self):
+        """The run's flags with read producers: this path's, whatever --producer-kind the others use."""
+        return replace(self.cfg, producer_kind="read")
+
+    def describe(self) -> dict:
+        return {**super().describe(), "batch_maker": batch_maker_of(self.read_config())}
 
     def result_fields(self) -> dict:
         fields = super().result_fields()
