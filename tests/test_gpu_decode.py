@@ -64,27 +64,42 @@ def test_read_producers_send_each_file_once_per_pass_as_it_is(transport, folder,
 
 
 def run_bench(procs, out: Path, data: Path, *extra: str) -> tuple[int, str]:
-    """A short gpu-decode run (2 ranks, 2 producers unless `extra` says otherwise): its exit code and stderr."""
+    """A short gpu-decode run (2 ranks, 2 producers unless `extra` says otherwise): its exit code and output."""
     run = procs.start(
         "bench_input.py", "--framework", "torch", "--fake-location", "gpu-decode", "--data", str(data),
         "--batch", "4", "--image-size", "32", "--warmup-steps", "1", "--steps", "3", "--repeats", "2",
         "--producers", "2", "--json", str(out), *extra,
     )  # fmt: skip
-    _, err = run.communicate(timeout=300)
-    return run.returncode, err
+    out, err = run.communicate(timeout=300)
+    return run.returncode, out + err
+
+
+def copy_with_one_damaged(folder: Path, to: Path, body) -> Path:
+    """A copy of `folder` whose 6th file is `body(its bytes)`; returns that file."""
+    for f in folder.rglob("*.JPEG"):
+        (to / f.parent.name).mkdir(parents=True, exist_ok=True)
+        (to / f.parent.name / f.name).write_bytes(f.read_bytes())
+    bad = sorted(to.rglob("*.JPEG"))[5]
+    bad.write_bytes(body(bad.read_bytes()))
+    return bad
 
 
 @pytest.mark.timeout(400)
-def test_gpu_decode_feeds_two_ranks_from_a_folder_decoding_on_the_host(folder, procs, tmp_path) -> None:
-    code, err = run_bench(procs, tmp_path / "r.json", folder, "--input-only")
-    assert code == 0, err[-3000:]
+def test_gpu_decode_feeds_two_ranks_every_file_once_per_pass_skipping_one_not_a_jpeg(folder, procs, tmp_path) -> None:
+    """16 files, a PNG named .JPEG among them (as in ImageNet): named once, and no pass brings it."""
+    bad = copy_with_one_damaged(folder, tmp_path / "data", lambda b: b"\x89PNG\r\n\x1a\n, named .JPEG")
+    code, out = run_bench(procs, tmp_path / "r.json", tmp_path / "data", "--input-only")
+    assert code == 0, out[-3000:]
+    assert len([ln for ln in out.splitlines() if str(bad) in ln and "not a JPEG" in ln]) == 1, out[-3000:]
     doc = json.loads((tmp_path / "r.json").read_text())
     check_report(doc)
     r = doc["paths"]["gpu-decode"]
     assert [d["on"] for d in r["decoded_on"]] == ["cpu", "cpu"]
     assert r["batches_trained"] == 2 * (1 + 3 * 2)
-    for f in r["files"]:  # each rank: its producer's half of the folder, every file once per pass
-        assert f["mine"] == 8 and f["distinct"] == 8 and f["once_per_pass"]
+    files = r["files"]  # each rank: its producer's half of the folder, every file but the PNG once per pass
+    assert [f["mine"] for f in files] == [8, 8] and sum(f["skipped"] for f in files) == 1
+    for f in files:
+        assert f["distinct"] == f["mine"] - f["skipped"] and f["once_per_pass"]
         assert f["delivered"] == 4 * (1 + 3 * 2)
     assert all(p["lost"] == 0 and p["duplicated"] == 0 for p in r["producers"])
 
@@ -100,23 +115,40 @@ def test_one_rank_trains_from_gpu_decode(model, folder, procs, tmp_path) -> None
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("damage", ["truncated", "not a JPEG"])
-def test_a_file_the_decoder_refuses_stops_the_run_naming_it(damage, folder, procs, tmp_path) -> None:
-    data = tmp_path / "data"
-    for f in folder.rglob("*.JPEG"):
-        (data / f.parent.name).mkdir(parents=True, exist_ok=True)
-        (data / f.parent.name / f.name).write_bytes(f.read_bytes())
-    bad = sorted(data.rglob("*.JPEG"))[5]
-    body = bad.read_bytes()
-    bad.write_bytes(body[: len(body) // 3] if damage == "truncated" else b"GIF89a, not a JPEG at all")
+def test_a_truncated_file_stops_the_run_naming_it(folder, procs, tmp_path) -> None:
+    bad = copy_with_one_damaged(folder, tmp_path / "data", lambda b: b[: len(b) // 3])
     leaks = ShmLeaks()
-    code, err = run_bench(procs, tmp_path / "r.json", data, "--input-only", "--transport", "shm")
+    code, err = run_bench(procs, tmp_path / "r.json", tmp_path / "data", "--input-only", "--transport", "shm")
     assert code != 0
-    named = [ln for ln in err.splitlines() if f"{bad.parent.name}/{bad.name}" in ln]
-    assert len(named) == 1 and "cannot decode" in named[0], err[-3000:]
+    named = [ln for ln in err.splitlines() if str(bad) in ln]
+    assert len(named) == 1 and "cannot decode" in named[0] and "truncated" in named[0], err[-3000:]
     assert "Traceback" not in err
     assert not (tmp_path / "r.json").exists()
     leaks.assert_none_left()
+
+
+@pytest.mark.timeout(400)
+def test_real_data_compares_every_way_to_feed_from_one_folder(folder, procs, tmp_path) -> None:
+    run = procs.start(
+        "bench_input.py", "--framework", "torch", "--real-data", "--data", str(folder), "--input-only",
+        "--num-gpus", "1", "--batch", "4", "--image-size", "32", "--warmup-steps", "1", "--steps", "3",
+        "--repeats", "2", "--json", str(tmp_path / "r.json"),
+    )  # fmt: skip
+    out, err = run.communicate(timeout=360)
+    assert run.returncode == 0, err[-3000:]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    check_report(doc)
+    paths = doc["paths"]
+    assert {"gpu", "zmq-consume", "loader", "gpu-decode"} <= set(paths)
+    assert doc["config"]["transport"] == "shm" and doc["config"]["producer_kind"] == "decode"
+    for name in ("zmq-consume", "loader", "gpu-decode"):  # each decodes on input cores of its own
+        f = paths[name]["feeding"]
+        assert f["input_cores"] > 0 and f["images_per_sec_per_input_core"] > 0, (name, f)
+        assert [n["devices"] for n in f["needs"]] == [1, 8] and all(n["cores_needed"] >= 1 for n in f["needs"])
+    assert "decode producers" in paths["zmq-consume"]["feeding"]["decoder"]
+    assert "torchvision_imagefolder" in paths["loader"]["feeding"]["decoder"]
+    assert paths["gpu-decode"]["feeding"]["decoder"].endswith("on cpu")
+    assert "feeding the model from" in out and "cores for 8 x" in out
 
 
 def test_decode_batch_names_the_file_it_cannot_decode(folder) -> None:

@@ -92,15 +92,19 @@ def shard_of_rank(producers: int, rank: int, world: int, producer_id: int) -> tu
 class FilesSeen:
     """How often each file reached the step, checked per producer worker: every file once per pass."""
 
-    def __init__(self, owners: dict[int, tuple[int, int]]) -> None:
+    def __init__(self, owners: dict[int, tuple[int, int]], said=lambda i: None) -> None:
         self.owners = owners  # file index -> (producer shard, worker): the order it is sent in
+        self.said = said  # called once for each file a producer skipped
         self.count: collections.Counter = collections.Counter()
         self.skipped: set[int] = set()  # files the producers skip (not JPEGs): no pass brings them
 
     def header(self, header) -> None:
         """Note the files a producer says it skipped (its native header's `skipped_files`)."""
         if header is not None:
-            self.skipped.update(int(i) for i in header.extras.get("skipped_files", ()))
+            for i in header.extras.get("skipped_files", ()):
+                if int(i) not in self.skipped:
+                    self.skipped.add(int(i))
+                    self.said(int(i))
 
     def add(self, indices: np.ndarray) -> None:
         self.count.update(indices.tolist())
@@ -146,7 +150,7 @@ class GpuDecode(PythonQueue):
         self.consumer = PullConsumer(
             endpoint, True, cfg.hwm, POLL_S, cfg.max_msg_size, cfg.allow_remote, cfg.curve_keys
         )
-        self.seen = FilesSeen(self._owners())
+        self.seen = FilesSeen(self._owners(), self._skipped)
         self.ready: queue.Queue = queue.Queue(maxsize=self.depth)
         self.queue_sizes: list[int] = []
         self.stop = threading.Event()
@@ -154,6 +158,9 @@ class GpuDecode(PythonQueue):
         self.start([endpoint])
         self.thread = threading.Thread(target=self._feed, name="gpu-decode", daemon=True)
         self.thread.start()
+
+    def _skipped(self, i: int) -> None:
+        print(f"  warning: rank {self.ctx.rank}: skipping {self.cfg.data}/{self.files[i]}: not a JPEG", flush=True)
 
     def _owners(self) -> dict[int, tuple[int, int]]:
         """Each file this rank's producers read -> (its producer's shard, the worker that sends it)."""
