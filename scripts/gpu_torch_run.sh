@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_torch_run.sh OUT_DIR [BUDGET_S] [STEPS]
 #
-# STEPS (comma-separated, default all): env, bandwidth, headline, shm, input-only, check, capacity.
+# STEPS (comma-separated, default all): env, bandwidth, headline, shm, input-only, real-data, check, capacity.
 # Every step runs under its own cap and the whole under BUDGET_S (default 420 s), so the script ends in
 # time on a machine lent by the minute; a step that overruns is stopped with SIGINT (the trainer then
 # stops its producers and frees its shared memory) and the next one runs. Each step's output goes to
@@ -13,7 +13,7 @@
 set -u
 OUT=${1:?usage: gpu_torch_run.sh OUT_DIR [BUDGET_S] [STEPS]}
 BUDGET=${2:-420}
-STEPS=${3:-env,bandwidth,headline,shm,input-only,check,capacity}
+STEPS=${3:-env,bandwidth,headline,shm,input-only,real-data,check,capacity}
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
@@ -65,12 +65,26 @@ env_report() {
     ulimit -l | sed 's/^/locked-memory limit (ulimit -l): /'
 }
 
-export -f env_report; export PY
+# real-data: an ImageNet-like folder made on the machine (2,000 files; SMALL=1: 40), then every way to feed the
+# model from it (bench_input.py --real-data: decode producers over shm://, the ImageFolder DataLoader, gpu-decode,
+# dali/spdl where installed); the folder is removed afterwards, so results.tar.gz holds only the figures.
+real_data() {
+    local data="$OUT/real-data-jpegs" classes=20 per_class=100
+    [ "${SMALL:-0}" = 1 ] && classes=4 per_class=10
+    "$PY" -m producers make-dataset "$data" --like imagenet --classes "$classes" --per-class "$per_class" &&
+        "$PY" bench_input.py "$@" --real-data --data "$data" --json "$OUT/real_data.json"
+    local rc=$?
+    rm -rf "$data"
+    return "$rc"
+}
+
+export -f env_report real_data; export PY OUT
 step env 30 bash -c env_report
 step bandwidth 60 "$PY" -m harness.torch.bandwidth "${BW[@]}"
 step headline 170 "$PY" bench_input.py "${MODEL[@]}" --json "$OUT/headline.json"
 step shm 80 "$PY" bench_input.py "${MODEL[@]}" --fake-location zmq-consume --transport shm --json "$OUT/shm.json"
 step input-only 70 "$PY" bench_input.py "${MODEL[@]}" --input-only --json "$OUT/input_only.json"
+step real-data 240 bash -c 'real_data "$@"' real_data "${MODEL[@]}"
 step check 100 "$PY" -m harness.torch.gpu_check "${CHECK[@]}" \
     --paths gpu,cpu,python-queue,python-dataset,zmq-consume,zmq-consume-shm --json "$OUT/check.json"
 step capacity 400 "$PY" bench_input.py "${CAPACITY[@]}" --json "$OUT/capacity.json"
