@@ -201,6 +201,7 @@ def report(
     from profiler import report as tables
     from profiler.cluster_report import rank_lines
     from profiler.first_batch import line as first_batch_line
+    from profiler.real_data import text as real_data_text
     from profiler.sweep import rows_of
     from profiler.verdict import verdicts_text
 
@@ -223,14 +224,8 @@ def report(
     if cfg.telemetry:
         print()
         print(verdicts_text(results, framework=plugin.framework))
-    if cfg.real_data:
-        from profiler.real_data import add_feeding, table
-
-        add_feeding(results, BASELINE, cfg.num_gpus, cfg.loader)
-        print(
-            f"\nfeeding the model from {cfg.data} (input cores: the processes the ranks started and their input threads)"
-        )
-        print(table(results))
+    if cfg.real_data:  # each path's input cores and the cores it would need (profiler/real_data.py)
+        print("\n" + real_data_text(results, BASELINE, cfg))
     if cfg.profile_dir:
         print()
         print(plugin.how_to_open(cfg.profile_dir))

@@ -114,3 +114,10 @@ def table(results: dict[str, dict]) -> str:
         out += "\ncores needed: extrapolated from each path's measured images/s per input core, as if it held; "
         out += "—: input cores not measured (none, or threads inside the rank not told apart from the trainer's)"
     return out
+
+
+def text(results: dict[str, dict], baseline: str, cfg) -> str:
+    """Each path's `feeding` block added to its result, and the table that shows them."""
+    add_feeding(results, baseline, cfg.num_gpus, cfg.loader)
+    head = f"feeding the model from {cfg.data} (input cores: the processes the ranks started and their input threads)"
+    return head + "\n" + table(results)
