@@ -68,11 +68,12 @@ env_report() {
 # real-data: an ImageNet-like folder made on the machine (2,000 files; SMALL=1: 40), then every way to feed the
 # model from it (bench_input.py --real-data: decode producers over shm://, the ImageFolder DataLoader, gpu-decode,
 # dali/spdl where installed); the folder is removed afterwards, so results.tar.gz holds only the figures.
+# SMALL=1 feeds the input-only stand-in instead of ResNet-50, whose steps take seconds on a host's cores.
 real_data() {
-    local data="$OUT/real-data-jpegs" classes=20 per_class=100
-    [ "${SMALL:-0}" = 1 ] && classes=4 per_class=10
+    local data="$OUT/real-data-jpegs" classes=20 per_class=100 small=()
+    [ "${SMALL:-0}" = 1 ] && classes=4 per_class=10 small=(--input-only)
     "$PY" -m producers make-dataset "$data" --like imagenet --classes "$classes" --per-class "$per_class" &&
-        "$PY" bench_input.py "$@" --real-data --data "$data" --json "$OUT/real_data.json"
+        "$PY" bench_input.py "$@" "${small[@]}" --real-data --data "$data" --json "$OUT/real_data.json"
     local rc=$?
     rm -rf "$data"
     return "$rc"
