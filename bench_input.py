@@ -78,6 +78,12 @@ def _add_path_flags(p: argparse.ArgumentParser, paths: dict) -> None:
         "--fake-location", type=_path_list(list(paths)), metavar="PATH[,PATH...]",
         help=f"run these input paths and the {BASELINE} baseline (default: {default_run}). Paths: {listing}",
     )  # fmt: skip
+    p.add_argument(
+        "--real-data", action="store_true",
+        help="--framework torch with --data DIR: every way to feed the model from the folder's JPEGs, on the "
+        "same files at the same crop (ROI decode producers over shm://, torchvision's ImageFolder DataLoader, "
+        "gpu-decode, and dali/spdl where installed), with each one's input cores and the cores it would need",
+    )  # fmt: skip
 
 
 def _path_list(known: list[str]):
@@ -186,7 +192,7 @@ def _add_producer_flags(p: argparse.ArgumentParser) -> None:
         "(default: one per producer of the rank; at most that many)",
     )  # fmt: skip
     g.add_argument(
-        "--producer-kind", choices=KINDS, default="synthetic",
+        "--producer-kind", choices=[k for k in KINDS if k != "read"], default="synthetic",
         help="what the producers send: random images, JPEGs decoded in Python, or a DALI pipeline",
     )  # fmt: skip
     g.add_argument("--data", metavar="DIR", help="ImageNet-layout JPEG folder for --producer-kind decode|dali and dali")
@@ -439,7 +445,39 @@ def config_from(args, paths: dict):
         fields["producer_kind"] = "loader"  # --loader: the run's producers are the user's loader
     if (args.emulate or args.emulate_rate is not None or args.find_capacity) and not args.bench:
         fields["model"] = "emulated"  # --emulate, --emulate-rate and --find-capacity imply --model emulated
+    if args.real_data:
+        chosen, more = real_data(args, paths)
+        fields.update(more)
     return BenchConfig(paths=chosen, **fields)
+
+
+REAL_DATA_LOADER = "examples/torchvision_imagefolder.py:make_loader"
+
+
+def real_data(args, paths: dict) -> tuple[list[str], dict]:
+    """--real-data: the paths that decode --data's JPEGs (dali and spdl where installed) and the flags they share.
+
+    The producers decode with the ROI decoder into shm:// slots; the loader path runs torchvision's
+    ImageFolder with as many DataLoader workers as there are producers; every one takes an Inception-style
+    random-resized crop (torchvision's RandomResizedCrop) and a random flip.
+    """
+    import importlib.util
+
+    from core.errors import ConfigError
+    from core.loader_spec import absolute_target
+    from core.registry import BASELINE
+
+    if args.framework != "torch" or not args.data:
+        raise ConfigError("--real-data runs the PyTorch trainer on a JPEG folder: add --framework torch --data DIR")
+    if args.fake_location or args.loader or args.endpoint or args.producer_kind != "synthetic":
+        raise ConfigError("--real-data chooses the paths, producers and loader itself: drop --fake-location, "
+                          "--loader, --endpoint and --producer-kind")  # fmt: skip
+    chosen = [BASELINE, "zmq-consume", "loader", "gpu-decode"]
+    installed = {"dali": "nvidia.dali", "spdl": "spdl"}
+    chosen += [p for p, module in installed.items() if p in paths and importlib.util.find_spec(module) is not None]
+    loader_args = [f"data={args.data}", f"num_workers={args.producers}"]
+    fields = {"producer_kind": "decode", "transport": "shm", "real_data": True}
+    return chosen, {**fields, "loader": absolute_target(REAL_DATA_LOADER), "loader_arg": loader_args}
 
 
 def validate(cfg, framework: str) -> None:

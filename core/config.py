@@ -80,6 +80,7 @@ class BenchConfig:
     profile_dir: str | None = None  # --profile: a trace of a few untimed steps per path (TensorFlow or torch.profiler)
     shrunk: dict[str, tuple] = field(default_factory=dict)
     quiet: bool = False  # no per-path progress lines (a capacity probe)
+    real_data: bool = False  # --real-data: every way to feed the model from --data, and the cores each needs
     # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py); None:
     # INTERLEAVE_GPU where a GPU is used, else 0 (apply_defaults)
     interleave: int | None = None

@@ -175,12 +175,14 @@ def batch_maker_of(cfg: Any) -> dict | None:
     workers = getattr(cfg, "producers", 1) * getattr(cfg, "producer_workers", 1)
     if getattr(cfg, "endpoint", None):
         return {"kind": "external", "name": f"the external producer at {cfg.endpoint}", "endpoint": cfg.endpoint}
-    if getattr(cfg, "loader", None):
+    if getattr(cfg, "loader", None) and getattr(cfg, "producer_kind", "loader") == "loader":
         return {"kind": "loader", "name": f"loader {cfg.loader}", "loader": cfg.loader, "workers": workers}
     kind = getattr(cfg, "producer_kind", "synthetic")
     name = f"{kind} producers"
     if kind in ("decode", "dali") and getattr(cfg, "data", None):  # say that real JPEGs were decoded, and where from
         name += f" decoding the JPEGs in {cfg.data}"
+    if kind == "read" and getattr(cfg, "data", None):
+        name += f" sending the JPEG files of {cfg.data} undecoded"
     return {"kind": kind, "name": name, "workers": workers}
 
 

@@ -227,6 +227,7 @@ def report(
     from profiler import report as tables
     from profiler.cluster_report import rank_lines
     from profiler.first_batch import line as first_batch_line
+    from profiler.real_data import text as real_data_text
     from profiler.sweep import rows_of
     from profiler.verdict import verdicts_text
 
@@ -249,6 +250,8 @@ def report(
     if cfg.telemetry:
         print()
         print(verdicts_text(results, framework=plugin.framework))
+    if cfg.real_data:  # each path's input cores and the cores it would need (profiler/real_data.py)
+        print("\n" + real_data_text(results, BASELINE, cfg))
     if cfg.profile_dir:
         print()
         print(plugin.how_to_open(cfg.profile_dir))

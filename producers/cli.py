@@ -25,6 +25,7 @@ def _synthetic(args: argparse.Namespace) -> int:
 KINDS = {
     "make-dataset": "producers.dataset",
     "decode": "producers.decode",
+    "read": "producers.read",
     "dali": "producers.dali_source",
     "loader": "producers.loader",
 }

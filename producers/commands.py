@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-KINDS = ("synthetic", "decode", "dali", "loader")  # loader: the user's own (--loader MODULE:CALLABLE)
+KINDS = ("synthetic", "decode", "dali", "loader", "read")  # loader: the user's own (--loader MODULE:CALLABLE)
 
 
 def producer_command(
@@ -37,7 +37,7 @@ def producer_command(
         raise ValueError(f"unknown producer kind {kind!r} (choose from {', '.join(KINDS)})")
     cmd = [sys.executable, "-m", "producers", kind, "--endpoint", endpoint, "--wire-format", fmt]
     cmd += ["--batch", str(batch), "--image-size", str(image_size), "--workers", str(workers)]
-    if kind in ("decode", "dali"):
+    if kind in ("decode", "dali", "read"):
         if not data:
             raise ValueError(f"the {kind} producer needs a data folder (ImageNet layout: DIR/<class>/<image>.JPEG)")
         cmd += ["--data", data]

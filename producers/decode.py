@@ -15,7 +15,6 @@ fill in for skipped ones.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
@@ -28,7 +27,7 @@ import numpy as np
 
 from core.cli_types import positive_int
 from core.images.decoders import DECODERS, DEFAULT_DECODER, stage_ms, stage_seconds, with_pillow_fallback
-from core.images.files import DatasetError, list_images
+from core.images.files import DatasetError, list_images, read_file
 from core.images.jpeg_roi import library
 from core.images.jpeg_roi.build import BuildError
 from producers.cold_cache import drop_pages
@@ -47,14 +46,7 @@ class BadFileError(RuntimeError):
 def _timed_read(path: str) -> bytes:
     """The file's bytes; the read's wall time goes to the `read` stage (storage waits use no CPU)."""
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)  # a third less CPU than Path.read_bytes' buffered file object
-    try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size)
-    finally:
-        os.close(fd)
-    if len(data) != size:  # a short read (a file that changed, some network filesystems): the ordinary way
-        data = Path(path).read_bytes()
+    data = read_file(path)
     stage_seconds["read"] += time.perf_counter() - t0
     return data
 

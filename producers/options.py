@@ -36,6 +36,11 @@ def add_send_args(p: argparse.ArgumentParser) -> None:
         help="shm://: do not rewrite a slot that already holds the very same read-only arrays (a synthetic "
         "pool); off by default, so every batch is written anew as a decoding producer must",
     )  # fmt: skip
+    g.add_argument(
+        "--shm-slot-bytes", type=positive_int, default=None, metavar="N",
+        help="shm://: bytes each slot holds at least (default: the first batch's size; the read producer: "
+        "its largest possible batch)",
+    )  # fmt: skip
     g.add_argument("--workers", type=positive_int, default=1, help="worker processes")
     g.add_argument("--count", type=positive_int, default=None, help="total batches to send (default: until stopped)")
     g.add_argument("--rate", type=positive_float, default=None, help="cap each worker at this many images/s")
@@ -74,6 +79,7 @@ def send_config(args: argparse.Namespace) -> SendConfig:
         busy_wait=args.busy_wait,
         shm_slots=args.shm_slots,
         reuse_unchanged_slots=args.reuse_unchanged_slots,
+        shm_slot_bytes=args.shm_slot_bytes,
     )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from wire import curve, message, shm
+from wire import curve, message, shm, strings
 from wire.endpoints import EndpointError, attach, release
 
 Source = Callable[[int], Iterator[tuple[np.ndarray, ...]]]
@@ -52,6 +52,8 @@ class SendConfig:
     # shm://: skip rewriting a slot that already holds the same read-only arrays (a synthetic pool).
     # Off by default: every batch is written anew, as a decoding producer must (honest figures).
     reuse_unchanged_slots: bool = False
+    # shm://: bytes each slot holds at least (a source whose batches vary in size: its largest); None = the first's
+    shm_slot_bytes: int | None = None
 
 
 # shm://: slots beyond the hwm, for batches a zero-copy consumer holds while it uses them in place
@@ -250,7 +252,7 @@ def _send(
         try:
             if frames is not None:
                 sock.send_multipart(frames, flags=zmq.NOBLOCK)
-                return sum(a.nbytes for a in arrays)
+                return sum(strings.nbytes(a) for a in arrays)
             return message.send(sock, arrays, cfg.fmt, cfg.producer_id, seq, extras, flags=zmq.NOBLOCK)
         except zmq.Again:  # the consumer hung up between the poll and the send: wait again
             continue
@@ -325,6 +327,7 @@ class _SlotSender:
         """Put the batch into a slot: (slot, offsets), or (None, []) when stopped or none came free."""
         if self.region is None:  # sized by the first batch; the hwm bounds the slots in flight
             _, slot_size = shm.layout(arrays)
+            slot_size = max(slot_size, self.cfg.shm_slot_bytes or 0)
             slots = self.cfg.shm_slots or self.cfg.hwm + HELD_SLOTS
             self.region = shm.Region(max(2, slots), slot_size, reuse=self.cfg.reuse_unchanged_slots)
             self.served = self.peers.update().left

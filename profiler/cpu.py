@@ -30,6 +30,7 @@ THREAD_STAGES: tuple[tuple[str, re.Pattern], ...] = (
     ("receive (python)", re.compile(r"Enqueue|QueueInput|feedbench-pull", re.I)),  # tensorpack's feeding thread
     ("tf.data", re.compile(r"^tf_data", re.I)),
     ("loader", re.compile(r"^feedbench-loader")),  # a --loader iterated in the trainer (core/loader_spec.py)
+    ("decode (gpu-decode)", re.compile(r"^gpu-decode$")),  # gpu-decode's thread: decodes on the device, or the host
     ("receive (zmq io)", re.compile(r"^ZMQbg/(IO|Reaper)")),  # libzmq's I/O threads (consumer side)
 )
 
@@ -166,3 +167,25 @@ class CpuMeter:
             "total": fig(prod + receive),
         }
         return out
+
+
+def input_snapshot() -> tuple[float, float, float]:
+    """(time, CPU seconds of every process this one started with theirs, CPU seconds of its input threads).
+
+    In a PyTorch rank every process it starts feeds it (its producers, its DataLoader's workers), and its
+    input threads are those `stage_of` names; the rest of its CPU is the trainer's.
+    """
+    procs = 0.0
+    for child in psutil.Process().children():
+        procs += tree_cpu_seconds(child.pid) or 0.0
+    threads = sum(cpu for name, cpu in thread_times().values() if stage_of(name) != "trainer")
+    return time.perf_counter(), procs, threads
+
+
+def input_cores(a: tuple[float, float, float], b: tuple[float, float, float]) -> dict:
+    """The input side's CPU cores between two `input_snapshot`s: its processes', its threads', and both."""
+    wall = b[0] - a[0]
+    if wall <= 0:
+        return {"window_s": wall, "processes": 0.0, "threads": 0.0, "cores": 0.0}
+    procs, threads = max(0.0, b[1] - a[1]) / wall, max(0.0, b[2] - a[2]) / wall
+    return {"window_s": wall, "processes": procs, "threads": threads, "cores": procs + threads}

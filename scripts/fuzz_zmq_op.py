@@ -37,11 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wire import message as wire_message  # noqa: E402
+from wire import strings  # noqa: E402
 from wire.dtypes import CODE_TO_DTYPE, DTYPE_TO_CODE  # noqa: E402
 from wire.errors import WireError  # noqa: E402
 from wire.zmqops_format import dump_arrays  # noqa: E402
 
-FIELD = re.compile(r"n_tensors|tensor\[\d+\]\.(?:dtype|ndim|shape(?:\[\d+\])?|nbytes|data)|message\b|header|magic|"
+FIELD = re.compile(r"n_tensors|tensor\[\d+\]\.(?:dtype|ndim|shape(?:\[\d+\])?|nbytes|data|lengths)|message\b|header|magic|"
                    r"version|frames|extras_len|extras")  # fmt: skip
 ANSWER_TIMEOUT_S = 20.0
 NATIVE = b"FBWN"
@@ -83,6 +84,9 @@ def worker(endpoint: str, control: str) -> None:
 
 
 def _digest(a: np.ndarray) -> list:
+    if a.dtype == strings.DTYPE:  # byte strings (tf.string): each one's length and bytes
+        data = b"".join(len(b).to_bytes(8, "little") + bytes(b) for b in a.reshape(-1))
+        return ["bytes", list(a.shape), hashlib.sha1(data).hexdigest()]
     data = (a.view(np.uint8) != 0).tobytes() if a.dtype == np.bool_ else a.tobytes()
     return [a.dtype.str, list(a.shape), hashlib.sha1(data).hexdigest()]
 
@@ -98,7 +102,14 @@ def real_batches(rng: np.random.Generator) -> list[list[np.ndarray]]:
         [np.zeros((0, 7), np.float16), np.array(3.5, np.float64), np.array([True, False])],
     ]
     out.append([(np.arange(3) % 2).astype(dt) for dt in DTYPE_TO_CODE])
+    files = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 40, 5)]
+    out.append([strings.of(files), rng.integers(0, 1000, (5,), dtype=np.int32)])  # a batch of JPEG files' bytes
     return out
+
+
+def code(dtype: np.dtype | str) -> int:
+    """The wire code of a numpy dtype, or of a vector's "bytes"."""
+    return strings.CODE if dtype in ("bytes", strings.DTYPE) else DTYPE_TO_CODE[np.dtype(dtype)]
 
 
 def bases(rng: np.random.Generator) -> list[tuple[list[bytes], tuple[int, ...]]]:
@@ -106,15 +117,16 @@ def bases(rng: np.random.Generator) -> list[tuple[list[bytes], tuple[int, ...]]]
     vectors = json.loads((ROOT / "wire" / "vectors.json").read_text())
     out = []
     for v in vectors["valid"]:
-        codes = tuple(DTYPE_TO_CODE[np.dtype(t["dtype"])] for t in v["tensors"])
+        codes = tuple(code(t["dtype"]) for t in v["tensors"])
         out.append(([bytes.fromhex(f) for f in v["frames"]], codes))
     for v in vectors["invalid"]:
         out.append(([bytes.fromhex(f) for f in v["frames"]], (4,)))
     from wire import native
 
     for arrays in real_batches(rng):
-        codes = tuple(DTYPE_TO_CODE[a.dtype] for a in arrays)
-        out.append(([dump_arrays(arrays)], codes))
+        codes = tuple(code(a.dtype) for a in arrays)
+        if strings.CODE not in codes:  # the zmq_ops format has no byte strings
+            out.append(([dump_arrays(arrays)], codes))
         frames = native.encode(arrays, producer_id=3, seq=9, extras={"k": 1})
         out.append(([bytes(f) if isinstance(f, bytes) else f.tobytes() for f in frames], codes))
     return out
@@ -192,7 +204,7 @@ def expected(frames: list[bytes], codes: tuple[int, ...]) -> dict:
     if len(arrays) != len(codes):
         return {"ok": False, "field": "n_tensors"}
     for i, (a, c) in enumerate(zip(arrays, codes, strict=True)):
-        if a.dtype != CODE_TO_DTYPE[c]:
+        if a.dtype != (strings.DTYPE if c == strings.CODE else CODE_TO_DTYPE[c]):
             return {"ok": False, "field": f"tensor[{i}].dtype"}
     return {"ok": True, "tensors": [_digest(a.copy()) for a in arrays]}
 

@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_torch_run.sh OUT_DIR [BUDGET_S] [STEPS]
 #
-# STEPS (comma-separated, default all): env, bandwidth, headline, shm, input-only, check, capacity.
+# STEPS (comma-separated, default all): env, bandwidth, headline, shm, input-only, real-data, check, capacity.
 # The whole runs within BUDGET_S (default 420 s), so the script ends in time on a machine lent by the
 # minute: each wanted step's cap is its share (WEIGHTS) of the budget, the caps of the wanted steps add up
 # to the budget less RESERVE_S for the last lines; a step that overruns is stopped with SIGINT (the trainer
@@ -18,7 +18,7 @@
 set -u
 OUT=${1:?usage: gpu_torch_run.sh OUT_DIR [BUDGET_S] [STEPS]}
 BUDGET=${2:-420}
-STEPS=${3:-env,bandwidth,headline,shm,input-only,check,capacity}
+STEPS=${3:-env,bandwidth,headline,shm,input-only,real-data,check,capacity}
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
@@ -27,7 +27,7 @@ END=$(($(date +%s) + BUDGET))
 export PYTHONUNBUFFERED=1
 RESERVE_S=10  # the last lines: what was left behind, the archive
 # Each step's share of the budget (the capacity search and the headline's alternated runs take the most).
-declare -A WEIGHTS=([env]=4 [bandwidth]=4 [headline]=23 [shm]=10 [input-only]=10 [check]=14 [capacity]=35)
+declare -A WEIGHTS=([env]=4 [bandwidth]=4 [headline]=23 [shm]=10 [input-only]=10 [real-data]=25 [check]=14 [capacity]=35)
 FED=python-queue,python-dataset,zmq-consume  # the paths measured: every default one but cpu
 
 # The ResNet-50 runs: 1 GPU, batch 256, mixed precision, channels-last, 8 producer processes.
@@ -93,13 +93,28 @@ stamp() {
 }
 stamp
 
-export -f env_report; export PY
+# real-data: an ImageNet-like folder made on the machine (2,000 files; SMALL=1: 40), then every way to feed the
+# model from it (bench_input.py --real-data: decode producers over shm://, the ImageFolder DataLoader, gpu-decode,
+# dali/spdl where installed); the folder is removed afterwards, so results.tar.gz holds only the figures.
+# SMALL=1 feeds the input-only stand-in instead of ResNet-50, whose steps take seconds on a host's cores.
+real_data() {
+    local data="$OUT/real-data-jpegs" classes=20 per_class=100 small=()
+    [ "${SMALL:-0}" = 1 ] && classes=4 per_class=10 small=(--input-only)
+    "$PY" -m producers make-dataset "$data" --like imagenet --classes "$classes" --per-class "$per_class" &&
+        "$PY" bench_input.py "$@" "${small[@]}" --real-data --data "$data" --json "$OUT/real_data.json"
+    local rc=$?
+    rm -rf "$data"
+    return "$rc"
+}
+
+export -f env_report real_data; export PY OUT
 step env bash -c env_report
 step bandwidth "$PY" -m harness.torch.bandwidth "${BW[@]}"
 step headline "$PY" bench_input.py "${MODEL[@]}" "${EMULATED[@]}" --fake-location "$FED" --json "$OUT/headline.json"
 step shm "$PY" bench_input.py "${MODEL[@]}" "${EMULATED[@]}" --fake-location zmq-consume --transport shm \
     --json "$OUT/shm.json"
 step input-only "$PY" bench_input.py "${MODEL[@]}" --fake-location "$FED" --input-only --json "$OUT/input_only.json"
+step real-data bash -c 'real_data "$@"' real_data "${MODEL[@]}"
 step check "$PY" -m harness.torch.gpu_check "${CHECK[@]}" \
     --paths gpu,cpu,python-queue,python-dataset,zmq-consume,zmq-consume-shm --json "$OUT/check.json"
 step capacity "$PY" bench_input.py "${CAPACITY[@]}" --json "$OUT/capacity.json"

@@ -16,6 +16,7 @@ import msgpack
 
 OUT = Path(__file__).resolve().parent.parent / "wire" / "vectors.json"
 UINT8, INT32, FLOAT, INT64, BOOL, HALF = 4, 3, 1, 9, 10, 19
+BYTES = 7  # a batch of byte strings: native format only (wire/strings.py)
 
 
 def zt(code: int, shape: list[int], data: bytes, nbytes: int | None = None) -> bytes:
@@ -45,6 +46,15 @@ def nhead(
 
 def t(dtype: str, shape: list[int], data: list) -> dict:
     return {"dtype": dtype, "shape": shape, "data": data}
+
+
+def strings_frame(items: list[bytes], lengths: list[int] | None = None) -> bytes:
+    """A byte-string tensor's frame: uint64 lengths (the items' own unless given), then the bytes."""
+    table = [len(b) for b in items] if lengths is None else lengths
+    return struct.pack(f"<{len(table)}Q", *table) + b"".join(items)
+
+
+jpegs = [b"\xff\xd8\xff\xe0JFIF", b"", b"\xff\xd9"]  # tensors of dtype "bytes" give each item in hex
 
 
 ar24 = bytes(range(24))
@@ -79,9 +89,24 @@ valid = [
         "header": {"producer_id": 1, "seq": 0, "send_time_ns": 5, "extras": {"gen_images_per_sec": 1234.5, "sent": 3}},
         "tensors": [t("float16", [2], [0.5, -2.0])],
     },
+    {
+        "name": "native: byte strings [ffd8ffe04a464946, (empty), ffd9] and int32 labels [3, 1, 4]",
+        "format": "native",
+        "frames": [nhead([(BYTES, [3]), (INT32, [3])]), strings_frame(jpegs), struct.pack("<3i", 3, 1, 4)],
+        "header": {"producer_id": 7, "seq": 42, "send_time_ns": 1_700_000_000_123_456_789, "extras": {}},
+        "tensors": [t("bytes", [3], [b.hex() for b in jpegs]), t("int32", [3], [3, 1, 4])],
+    },
+    {
+        "name": "native: no byte strings",
+        "format": "native",
+        "frames": [nhead([(BYTES, [0])]), b""],
+        "header": {"producer_id": 7, "seq": 42, "send_time_ns": 1_700_000_000_123_456_789, "extras": {}},
+        "tensors": [t("bytes", [0], [])],
+    },
 ]
 
 u8 = zt(UINT8, [2, 3, 4], ar24)
+s3 = strings_frame(jpegs)
 invalid = [
     ("zmq_ops", [b"\x01\x00"], "n_tensors", "shorter than the tensor count"),
     ("zmq_ops", [zmsg(u8, n=2)], "tensor[1].dtype", "one tensor declared too many"),
@@ -102,6 +127,17 @@ invalid = [
     ("native", [nhead([(UINT8, [2, 3, 4])]), ar24[:-1]], "tensor[0].nbytes", "frame shorter than shape"),
     ("native", [nhead([(UINT8, [2, 3, 4])], n=2), ar24], "tensor[1].dtype", "header truncated in descriptors"),
     ("native", [nhead([(UINT8, [2, 3, 4])]) + b"\x00", ar24], "extras_len", "extra byte after header"),
+    ("native", [nhead([(BYTES, [3])]), s3[:20]], "tensor[0].lengths", "byte strings: length table truncated"),
+    ("native", [nhead([(BYTES, [3])]), s3[:-1]], "tensor[0].lengths", "byte strings: lengths exceed the frame"),
+    ("native", [nhead([(BYTES, [3])]), s3 + b"x"], "tensor[0].lengths", "byte strings: bytes after the last"),
+    (
+        "native",
+        [nhead([(BYTES, [2])]), strings_frame(jpegs[:2], [2**64 - 1, 9])],
+        "tensor[0].lengths",
+        "byte strings: lengths overflow 64 bits",
+    ),  # fmt: skip
+    ("native", [nhead([(UINT8, [2, 3, 4]), (BYTES, [1, 3])]), ar24, s3], "tensor[1].ndim", "byte strings: 2 dims"),
+    ("zmq_ops", [zmsg(zt(BYTES, [3], s3))], "tensor[0].dtype", "byte strings are native-only"),
 ]
 
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from consumers.accounting import SeqTracker
@@ -47,3 +48,18 @@ def test_python_tracker(case: dict) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_native_core(case: dict) -> None:
     assert [list(r) for r in seq_replay([tuple(e) for e in case["events"]])] == case["rows"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_byte_string_batches_are_counted_alike(case: dict) -> None:
+    """Batches of JPEG files' bytes (wire/strings.py) carry the same header: the same rows from what was decoded."""
+    from wire import decode_message, native, strings
+
+    t = SeqTracker()
+    for pid, seq in case["events"]:
+        frames = native.encode([strings.of([b"\xff\xd8", bytes(seq % 7)]), np.array([pid, seq], np.int64)], pid, seq)
+        h = decode_message([bytes(memoryview(f)) for f in frames]).header
+        t.add(h.producer_id, h.seq)
+    assert [[r["producer"], r["received"], r["lost"], r["duplicated"], r["restarts"]] for r in t.table()] == case[
+        "rows"
+    ]

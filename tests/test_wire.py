@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from wire import WireError, decode_message, dump_arrays, load_arrays, native
+from wire import WireError, decode_message, dump_arrays, load_arrays, native, strings
 from wire.dtypes import DTYPE_TO_CODE
 from wire.errors import byte_view
 
@@ -23,8 +23,15 @@ def frames_of(v: dict) -> list[bytes]:
     return [bytes.fromhex(f) for f in v["frames"]]
 
 
+def expected_array(t: dict) -> np.ndarray:
+    """A vector's tensor: its data row-major, or (dtype "bytes") each byte string in hex."""
+    if t["dtype"] == "bytes":
+        return strings.of(bytes.fromhex(x) for x in t["data"])
+    return np.array(t["data"], dtype=t["dtype"]).reshape(t["shape"])
+
+
 def expected_arrays(v: dict) -> list[np.ndarray]:
-    return [np.array(t["data"], dtype=t["dtype"]).reshape(t["shape"]) for t in v["tensors"]]
+    return [expected_array(t) for t in v["tensors"]]
 
 
 @pytest.mark.parametrize("v", VECTORS["valid"], ids=lambda v: v["name"])
@@ -112,7 +119,10 @@ arrays = st.lists(dtypes.flatmap(lambda dt: hnp.arrays(dt, shapes)), max_size=5)
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(
-        x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes() for x, y in zip(a, b)
+        x.dtype == y.dtype
+        and x.shape == y.shape
+        and (list(x) == list(y) if strings.is_strings(x) else x.tobytes() == y.tobytes())
+        for x, y in zip(a, b)
     )
 
 
@@ -129,6 +139,39 @@ def test_native_format_round_trip(arrs, pid, seq):
     batch = decode_message(frames)
     assert same(batch.arrays, arrs)
     assert (batch.header.producer_id, batch.header.seq, batch.header.extras) == (pid, seq, {"sent": seq})
+
+
+byte_strings = st.lists(st.binary(max_size=40), max_size=12).map(strings.of)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(byte_strings, dtypes.flatmap(lambda dt: hnp.arrays(dt, shapes))), max_size=4))
+def test_byte_strings_round_trip_beside_other_tensors(arrs):
+    batch = decode_message(native.encode(arrs, 1, 2))
+    assert same(batch.arrays, arrs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(byte_strings.filter(len), st.integers(0, 2**64 - 1), st.integers(0, 7))
+def test_any_wrong_length_table_is_rejected_naming_it(items, value, at):
+    frames = native.encode([items], 0, 0)
+    frame = bytearray(frames[1])
+    k = at % len(items)
+    if struct.unpack_from("<Q", frame, 8 * k)[0] == value:
+        return
+    struct.pack_into("<Q", frame, 8 * k, value)
+    with pytest.raises(WireError) as e:
+        decode_message([frames[0], bytes(frame)])
+    assert e.value.field == "tensor[0].lengths"
+
+
+def test_byte_strings_are_refused_where_they_cannot_travel():
+    with pytest.raises(WireError, match="tensor\\[0\\].dtype"):
+        dump_arrays([strings.of([b"ab"])])  # the zmq_ops format has no such type
+    with pytest.raises(WireError, match="tensor\\[0\\].ndim"):
+        native.encode([strings.of([b"ab", b"c"]).reshape(1, 2)], 0, 0)
+    with pytest.raises(WireError, match="tensor\\[0\\].data"):
+        native.encode([strings.of(["text, not bytes"])], 0, 0)
 
 
 @settings(max_examples=300, deadline=None)

@@ -46,6 +46,7 @@ TF_TYPES = {
     "float16": tf.float16,
     "uint32": tf.uint32,
     "uint64": tf.uint64,
+    "bytes": tf.string,  # a batch of byte strings (wire/strings.py)
 }
 RECV_TIMEOUT_MS = 20_000  # only ever reached when something is broken
 
@@ -193,6 +194,9 @@ def test_valid_vector_gives_its_tensors(vector: dict, ipc: str, push: zmq.Contex
         return
     assert len(out) == len(vector["tensors"])
     for got, want in zip(out, vector["tensors"], strict=True):
+        if want["dtype"] == "bytes":  # tf.string: each item its own bytes
+            assert [bytes(b) for b in got] == [bytes.fromhex(x) for x in want["data"]]
+            continue
         expected = np.array(want["data"], dtype=want["dtype"]).reshape(want["shape"])
         assert got.dtype == expected.dtype
         assert got.shape == expected.shape

@@ -42,4 +42,5 @@ def test_ten_thousand_fuzzed_messages_never_crash_the_op() -> None:
     for name in ("n_tensors", "header", "magic", "version", "frames", "extras_len", "message"):
         assert name in fields, report["error_fields"]
     assert any(f.startswith("tensor[") and f.endswith(".nbytes") for f in report["error_fields"])
+    assert any(f.endswith(".lengths") for f in report["error_fields"])  # byte strings' length tables
     assert proc.returncode == 0

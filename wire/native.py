@@ -17,6 +17,9 @@ Header frame::
     28     4     extras_len   uint32, length of the msgpack map at the end
     32     ...   n_tensors x { int32 dtype; int32 ndim; int64 shape[ndim] }
     ...    extras_len  msgpack map (producer telemetry; may be empty)
+
+A tensor of dtype 7 is a batch of byte strings (wire/strings.py): shape [n],
+its frame a length table and the strings.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from wire import strings
 from wire.dtypes import MAX_NDIM, code_of, dtype_of
 from wire.errors import WireError, byte_view, shaped
 
@@ -74,7 +78,10 @@ def encode_header(
     for i, arr in enumerate(arrays):
         if arr.ndim > MAX_NDIM:
             raise WireError(f"tensor[{i}].ndim", f"{arr.ndim} > {MAX_NDIM}")
-        parts.append(_DESC.pack(code_of(arr.dtype, f"tensor[{i}].dtype"), arr.ndim))
+        if strings.is_strings(arr) and arr.ndim != 1:
+            raise WireError(f"tensor[{i}].ndim", f"a byte-string tensor has 1 dimension, not {arr.ndim}")
+        code = strings.CODE if strings.is_strings(arr) else code_of(arr.dtype, f"tensor[{i}].dtype")
+        parts.append(_DESC.pack(code, arr.ndim))
         parts.append(struct.pack(f"<{arr.ndim}q", *arr.shape))
     parts.append(extra_bytes)
     return b"".join(parts)
@@ -89,7 +96,8 @@ def encode(
 ) -> list[bytes | np.ndarray]:
     """All frames of one message; tensor frames are the arrays, not copies."""
     arrays = [np.require(a, requirements="C") for a in arrays]  # keeps 0-d arrays 0-d
-    return [encode_header(arrays, producer_id, seq, send_time_ns, extras), *arrays]
+    head = encode_header(arrays, producer_id, seq, send_time_ns, extras)
+    return [head, *(strings.pack(a, i) if strings.is_strings(a) else a for i, a in enumerate(arrays))]
 
 
 def decode_header(buf: bytes | memoryview) -> Header:
@@ -112,9 +120,11 @@ def decode_header(buf: bytes | memoryview) -> Header:
             raise WireError(f"tensor[{i}].dtype", f"header truncated at byte {off} of {size}")
         code, ndim = _DESC.unpack_from(mv, off)
         off += _DESC.size
-        dtypes.append(dtype_of(code, f"tensor[{i}].dtype"))
+        dtypes.append(strings.DTYPE if code == strings.CODE else dtype_of(code, f"tensor[{i}].dtype"))
         if ndim < 0 or ndim > MAX_NDIM:
             raise WireError(f"tensor[{i}].ndim", f"{ndim} is outside 0..{MAX_NDIM}")
+        if code == strings.CODE and ndim != 1:
+            raise WireError(f"tensor[{i}].ndim", f"a byte-string tensor has 1 dimension, not {ndim}")
         if off + 8 * ndim > size:
             raise WireError(f"tensor[{i}].shape", f"header truncated at byte {off} of {size}")
         shape = struct.unpack_from(f"<{ndim}q", mv, off)
@@ -137,7 +147,7 @@ def decode_header(buf: bytes | memoryview) -> Header:
 
 
 def decode(frames: Sequence[bytes | memoryview]) -> tuple[Header, list[np.ndarray]]:
-    """Parse a whole message into its header and read-only arrays viewing the frames."""
+    """Parse a whole message into its header and read-only arrays viewing the frames (byte strings: copies)."""
     if not frames:
         raise WireError("frames", "empty message")
     header = decode_header(frames[0])
@@ -147,6 +157,9 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[Header, list[np.ndarra
     arrays = []
     for i, (dtype, shape, frame) in enumerate(zip(header.dtypes, header.shapes, frames[1:])):
         mv = byte_view(frame)
+        if dtype == strings.DTYPE:
+            arrays.append(strings.unpack(mv, shape[0], i))
+            continue
         count = math.prod(shape)
         expected = count * dtype.itemsize
         if len(mv) != expected:

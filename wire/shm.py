@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wire import native
+from wire import native, strings
 from wire.errors import WireError, byte_view
 
 SCHEME = "shm://"
@@ -140,7 +140,7 @@ def layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
     offsets, at = [], 0
     for a in arrays:
         offsets.append(at)
-        at = _round(at + a.nbytes, ALIGN)
+        at = _round(at + strings.nbytes(a), ALIGN)
     return offsets, _round(max(at, 1), PAGE)
 
 
@@ -208,9 +208,9 @@ class Region:
             return offsets
         self._holds[slot] = None
         base = slot * self.slot_size
-        for a, off in zip(arrays, offsets, strict=True):
-            dst = self._data[base + off : base + off + a.nbytes]
-            np.copyto(dst, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        for i, (a, off) in enumerate(zip(arrays, offsets, strict=True)):
+            src = strings.pack(a, i) if strings.is_strings(a) else np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            np.copyto(self._data[base + off : base + off + src.nbytes], src)
         if self.reuse and all(not a.flags.writeable and a.base is None for a in arrays):
             self._holds[slot] = tuple(arrays)  # kept alive, so their identity cannot be reused
         return offsets
@@ -545,21 +545,31 @@ class SlotReader:
             raise WireError("slot.index", f"{ref.slot} >= the region's {r.slots} slots")
         views = []
         for i, (dtype, shape, off) in enumerate(zip(header.dtypes, header.shapes, ref.offsets, strict=True)):
+            start = ref.slot * r.slot_size + off
+            if dtype == strings.DTYPE:  # its size is in its length table, read once the slot is ours
+                views.append((start, max(0, r.slot_size - off)))
+                continue
             nbytes = math.prod(shape) * dtype.itemsize
             if off + nbytes > r.slot_size:
                 raise WireError(f"tensor[{i}].offset", f"{off} + {nbytes} bytes overrun the {r.slot_size}-byte slot")
-            start = ref.slot * r.slot_size + off
             views.append(r.data[start : start + nbytes].view(dtype).reshape(shape))
         if r.state[ref.slot] != PUBLISHED:
             raise WireError("slot.state", f"slot {ref.slot} of {ref.region} is not published")
         r.state[ref.slot] = TAKEN
         try:
-            out = [self._out(v.dtype, v.shape) for v in views]
-            for dst, v in zip(out, views, strict=True):
-                np.copyto(dst, v)
-            return out
+            return [self._copy(r, v, n, i) for i, (v, n) in enumerate(zip(views, header.shapes, strict=True))]
         finally:
             r.state[ref.slot] = FREE
+
+    def _copy(self, r: _Mapped, view: np.ndarray | tuple[int, int], shape: tuple[int, ...], i: int) -> np.ndarray:
+        """Tensor i out of a taken slot: a pooled copy, or its byte strings once their table checks out."""
+        if isinstance(view, tuple):
+            start, room = view
+            size = strings.extent(r.data[start : start + room], shape[0], i, room)
+            return strings.unpack(r.data[start : start + size], shape[0], i)
+        out = self._out(view.dtype, view.shape)
+        np.copyto(out, view)
+        return out
 
     def close(self) -> None:
         if self._handover is not None:

@@ -30,10 +30,11 @@ from profiler.telemetry import SampledQueue, delivered_figures
 POLL_S = 0.2  # the thread checks for a stop this often while no batch arrives
 
 
-def pull(consumer: PullConsumer, timeout: float, stopped, expected=None) -> Iterator[list[np.ndarray]]:
+def pull(consumer: PullConsumer, timeout: float, stopped, expected=None, headers=None) -> Iterator[list[np.ndarray]]:
     """Batches from `consumer`, polling in short slices so a stop is seen; ReceiveTimeout after `timeout` s.
 
-    With `expected` (a BatchSpec), a batch of another layout raises BatchMismatch.
+    With `expected` (a BatchSpec), a batch of another layout raises BatchMismatch; `headers` is called with
+    each batch's native header (None for the zmq_ops format).
     """
     waited = 0.0
     while not stopped():
@@ -48,6 +49,8 @@ def pull(consumer: PullConsumer, timeout: float, stopped, expected=None) -> Iter
         waited = 0.0
         if expected is not None:
             check_batch(expected, batch.arrays, batch.header.producer_id if batch.header is not None else None)
+        if headers is not None:
+            headers(batch.header)
         yield batch.arrays
 
 

@@ -74,6 +74,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
 
     from core import registry
     from harness.torch.measure import RankTimer, synchronize
+    from profiler.cpu import input_cores, input_snapshot
 
     model, opt, scaler, amp = build(cfg, ctx.device, ctx.world)
     path = registry.get("torch", name)(cfg)
@@ -94,6 +95,7 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
         window = (first, path.counters())  # the stage contract's raw state at the measured window's edges
         synchronize(ctx.device)
         figures = _path_figures(path, timer, amp, window, train_step.scales)
+        figures["input_cpu"] = input_cores(timer.input_cpu, input_snapshot())
         if cfg.profile_dir:  # untimed steps after every figure is taken: the trace changes none of them
             _profile(cfg, name, ctx, path, prepared, train_step)
     except (FeedbenchError, TimeoutError, RuntimeError, ValueError) as e:
@@ -174,6 +176,7 @@ def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | No
     import torch
 
     from harness.torch.measure import synchronize
+    from profiler.cpu import input_snapshot
 
     show = ctx.rank == 0 and cfg.telemetry
     cuda = ctx.device.type == "cuda"
@@ -181,6 +184,7 @@ def _run_steps(cfg: BenchConfig, ctx, path, timer, step_on, sync_debug: str | No
     for step in range(timer.needed):
         if step == cfg.warmup_steps:
             first = path.counters()
+            timer.input_cpu = input_snapshot()  # the input side's CPU over the timed steps (profiler/cpu.py)
             if sync_debug:  # after the warm-up: cuDNN's autotuning and DDP's first steps may synchronize
                 torch.cuda.set_sync_debug_mode(sync_debug)
         t0 = time.perf_counter()
@@ -306,6 +310,10 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
     if any("cuda_regions" in r for r in ranks):  # registered with CUDA, or refused (then zero_copy is false)
         regions = [r.get("cuda_regions", {}) for r in ranks]
         result["cuda_regions"] = {k: sum(x.get(k, 0) for x in regions) for k in ("registered", "refused")}
+    if any("input_cpu" in r for r in ranks):  # processes the ranks started and their input threads
+        result["input_cpu"] = {"cores": sum(r["input_cpu"]["cores"] for r in ranks if "input_cpu" in r)}
+    if any("files" in r for r in ranks):  # gpu-decode: how often each rank's step got each file of its shards
+        result["files"] = [{"rank": r["rank"], **r["files"]} for r in ranks if "files" in r]
     if any(r.get("decoded_on") for r in ranks):  # every result says where DALI decoded
         result["decoded_on"] = [{"rank": r["rank"], "on": r.get("decoded_on")} for r in ranks]
     if cfg.telemetry:

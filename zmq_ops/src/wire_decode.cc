@@ -83,8 +83,15 @@ std::string SizeMismatch(const std::vector<int64_t>& shape, int dtype, bool ok, 
   return s.str();
 }
 
-// The dtype code and ndim of tensor `i`, as read from either format's header.
-bool CheckDtypeAndNdim(int i, int32_t dtype, int32_t ndim, WireError* err) {
+// The dtype code and ndim of tensor `i`, as read from either format's header; `strings`: the
+// format carries byte-string tensors (the native one, not the zmq_ops format).
+bool CheckDtypeAndNdim(int i, int32_t dtype, int32_t ndim, bool strings, WireError* err) {
+  if (dtype == kBytesDtype && strings) {
+    if (ndim != 1) {
+      return Fail(err, TensorField(i, "ndim"), "a byte-string tensor has 1 dimension, not " + std::to_string(ndim));
+    }
+    return true;
+  }
   if (ItemSize(dtype) == 0) {
     return Fail(err, TensorField(i, "dtype"), "unknown dtype code " + std::to_string(dtype));
   }
@@ -104,6 +111,27 @@ bool ReadShape(const char* p, int i, int32_t ndim, std::vector<int64_t>* shape, 
       return Fail(err, TensorField(i, "shape[") + std::to_string(j) + "]", "negative dimension " + std::to_string(d));
     }
     shape->push_back(d);
+  }
+  return true;
+}
+
+// A byte-string tensor's frame: its table of n lengths fits, and they add up to the bytes after it.
+bool CheckByteStrings(int i, uint64_t n, const Frame& f, WireError* err) {
+  uint64_t table = 0;
+  if (__builtin_mul_overflow(n, uint64_t{8}, &table) || table > f.size) {
+    return Fail(err, TensorField(i, "lengths"),
+                "frame has " + std::to_string(f.size) + " bytes, its length table needs 8 x " + std::to_string(n));
+  }
+  uint64_t total = 0;
+  for (uint64_t k = 0; k < n; ++k) {
+    if (__builtin_add_overflow(total, Read<uint64_t>(f.data + 8 * k), &total)) {
+      return Fail(err, TensorField(i, "lengths"), "the lengths add up to more than 2^64 bytes");
+    }
+  }
+  if (total != f.size - table) {
+    return Fail(err, TensorField(i, "lengths"),
+                "the " + std::to_string(n) + " lengths add up to " + std::to_string(total) + " bytes, the frame holds " +
+                    std::to_string(f.size - table) + " after its table");
   }
   return true;
 }
@@ -158,6 +186,7 @@ const char* DtypeName(int dtype) {
     case 19: return "float16";
     case 22: return "uint32";
     case 23: return "uint64";
+    case kBytesDtype: return "bytes";
     default: return "unknown";
   }
 }
@@ -187,7 +216,7 @@ bool DecodeZmqOps(const Frame& frame, std::vector<TensorView>* out, WireError* e
     t.dtype = Read<int32_t>(buf + off);
     const int32_t ndim = Read<int32_t>(buf + off + 4);
     off += 8;
-    if (!CheckDtypeAndNdim(i, t.dtype, ndim, err)) return false;
+    if (!CheckDtypeAndNdim(i, t.dtype, ndim, false, err)) return false;
     if (size - off < 4 * static_cast<size_t>(ndim) + 8) {
       return Fail(err, TensorField(i, "shape"),
                   "truncated at byte " + std::to_string(off) + " of " + std::to_string(size));
@@ -260,7 +289,10 @@ bool DecodeNativeHeader(const Frame& frame, const char* magic, NativeHeader* hea
     t.dtype = Read<int32_t>(buf + off);
     const int32_t ndim = Read<int32_t>(buf + off + 4);
     off += 8;
-    if (!CheckDtypeAndNdim(i, t.dtype, ndim, err)) return false;
+    if (!CheckDtypeAndNdim(i, t.dtype, ndim, true, err)) return false;
+    if (t.dtype == kBytesDtype && std::memcmp(magic, kNativeMagic, 4) != 0) {
+      return Fail(err, TensorField(i, "dtype"), "byte strings in a shm:// slot are read by the Python consumer only");
+    }
     if (size - off < 8 * static_cast<size_t>(ndim)) {
       return Fail(err, TensorField(i, "shape"),
                   "header truncated at byte " + std::to_string(off) + " of " + std::to_string(size));
@@ -303,6 +335,12 @@ bool DecodeNative(const std::vector<Frame>& frames, size_t total_frames, NativeH
   for (size_t i = 0; i < n; ++i) {
     TensorView& t = (*out)[i];
     const Frame& f = frames[i + 1];
+    if (t.dtype == kBytesDtype) {  // its size is its length table's, not its shape's
+      if (!CheckByteStrings(static_cast<int>(i), static_cast<uint64_t>(t.shape[0]), f, err)) return false;
+      t.data = f.data;
+      t.nbytes = f.size;
+      continue;
+    }
     uint64_t expected = 0;
     const bool fits = ByteCount(t.shape, ItemSize(t.dtype), &expected);
     if (!fits || f.size != expected) {

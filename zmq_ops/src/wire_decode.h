@@ -27,6 +27,9 @@ constexpr char kNativeMagic[4] = {'F', 'B', 'W', 'N'};
 constexpr char kSlotMagic[4] = {'F', 'B', 'W', 'S'};  // a shared-memory slot message (shm.h)
 constexpr uint16_t kNativeVersion = 1;
 constexpr size_t kNativeFixedSize = 32;  // magic .. extras_len
+// A batch of byte strings (TensorFlow's DT_STRING; native format only): shape [n], its frame a
+// uint64 length table of n entries, then the strings back to back (wire/strings.py).
+constexpr int kBytesDtype = 7;
 
 // One received frame: a view of bytes owned by a zmq_msg_t.
 struct Frame {
@@ -51,7 +54,8 @@ struct NativeHeader {
 
 // Why a message was rejected: `field` is one of n_tensors, tensor[i].dtype,
 // tensor[i].ndim, tensor[i].shape, tensor[i].shape[j], tensor[i].nbytes,
-// tensor[i].data, message, header, magic, version, frames, extras_len.
+// tensor[i].data, tensor[i].lengths (a byte-string tensor's length table), message, header, magic,
+// version, frames, extras_len.
 struct WireError {
   std::string field;
   std::string message;

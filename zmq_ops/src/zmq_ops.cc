@@ -157,6 +157,19 @@ class ZmqPullOp : public AsyncOpKernel {
       if (!s.ok()) {
         return errors::InvalidArgument("tensor[", i, "].shape: message from ", ep, ": ", s.message());
       }
+      if (types_[i] == tensorflow::DT_STRING) {  // byte strings: each copied into a tstring of its own
+        Tensor* out = nullptr;
+        TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), shape, &out));
+        auto flat = out->flat<tensorflow::tstring>();
+        size_t at = 8 * static_cast<size_t>(flat.size());  // the decoder checked the table against the frame
+        for (int64_t k = 0; k < flat.size(); ++k) {
+          uint64_t len = 0;
+          std::memcpy(&len, t.data + 8 * k, 8);
+          flat(k).assign(t.data + at, len);
+          at += len;
+        }
+        continue;
+      }
       const bool aligned = reinterpret_cast<uintptr_t>(t.data) % EIGEN_MAX_ALIGN_BYTES == 0;
       if (zero_copy_ && lease->held() && t.nbytes > 0 && types_[i] != tensorflow::DT_BOOL && aligned) {
         auto* buf = new SlotBuffer(const_cast<char*>(t.data), t.nbytes, lease);
