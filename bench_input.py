@@ -206,10 +206,10 @@ def _add_producer_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """The data engines that make batches on other cores or hosts: the tf.data service, Ray Data (docs/engines.md)."""
+    """The data engines that make batches in processes of their own, here or on other hosts (docs/engines.md)."""
     from core.cli_types import positive_int
 
-    g = p.add_argument_group("engines (--fake-location tf-data-service, ray-data)")
+    g = p.add_argument_group("engines (--fake-location tf-data-service)")
     g.add_argument(
         "--service-workers", type=positive_int, default=2,
         help="tf-data-service: worker processes the run starts, with a dispatcher, on 127.0.0.1",
@@ -222,8 +222,6 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--service-mode", choices=("off", "dynamic"), default="off",
         help="tf-data-service: each worker runs the whole source (off), or the dispatcher splits it (dynamic)",
     )  # fmt: skip
-    g.add_argument("--ray-cpus", type=positive_int, default=2, help="ray-data: CPUs of the run's own Ray cluster")
-    g.add_argument("--ray-address", metavar="HOST:PORT", help="ray-data: join this Ray cluster (the run starts none)")
 
 
 def _add_machine_flags(p: argparse.ArgumentParser) -> None:

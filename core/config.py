@@ -78,8 +78,6 @@ class BenchConfig:
     service_workers: int = 2  # --service-workers: the tf-data-service path's own workers
     dispatcher: str | None = None  # --dispatcher grpc://HOST:PORT: an existing tf.data service (starts nothing)
     service_mode: str = "off"  # --service-mode: off (each worker the whole source) or dynamic (split between them)
-    ray_cpus: int = 2  # --ray-cpus: the CPUs of the ray-data path's own local Ray cluster
-    ray_address: str | None = None  # --ray-address HOST:PORT: an existing Ray cluster to join (starts nothing)
     interleave: int = (
         0  # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py)
     )

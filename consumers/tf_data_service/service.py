@@ -20,6 +20,7 @@ from runner.producer_group import ProducerGroup
 
 MODULE = "consumers.tf_data_service"
 WORKER_TIMEOUT_MS = 10000  # the dispatcher drops a worker it has not heard from for this long
+BUSY_CORES = 0.75  # a worker using this many cores or more is busy: it would make more with more CPU
 
 
 class ServiceGroup(ProducerGroup):
@@ -66,3 +67,36 @@ class ServiceGroup(ProducerGroup):
                 raise InputError(f"{self.names[waiting[0]]} did not listen within {timeout:g} s")
             if waiting:
                 time.sleep(0.1)
+
+
+def worker_use(window: tuple[dict, dict], workers: list[str]) -> dict:
+    """The head's (process 0) and each worker's CPU cores over `window` (two counters with `time` and
+    `cpu_s`, one entry per process), and whether more workers would help."""
+    w0, w1 = window
+    dt = w1["time"] - w0["time"]
+    cores = [
+        (b - a) / dt if dt > 0 and a is not None and b is not None else None
+        for a, b in zip(w0["cpu_s"], w1["cpu_s"], strict=True)
+    ]
+    return {
+        "head_cpu_cores": cores[0] if cores else None,
+        "workers": [{"worker": i, "address": a, "cpu_cores": c} for i, (a, c) in enumerate(zip(workers, cores[1:]))],
+        "more_workers": more_workers(cores[1:]),
+    }
+
+
+def more_workers(cores: list[float | None]) -> str | None:
+    """Whether more workers would help, from how busy the workers were over the timed steps."""
+    known = [c for c in cores if c is not None]
+    if not known:
+        return None
+    mean = sum(known) / len(known)
+    if mean >= BUSY_CORES:
+        return (
+            f"yes: the workers were busy ({mean:.2f} cores each); more workers make more batches while this host "
+            "has free cores, and on other hosts beyond that"
+        )
+    return (
+        f"no: the workers were idle part of the time ({mean:.2f} cores each); what limits is after them "
+        "(the transfer, the trainer's client, or the trainer)"
+    )

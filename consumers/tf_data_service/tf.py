@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 
 import numpy as np
 from tensorpack.callbacks import Callback
@@ -24,7 +25,7 @@ from tensorpack.input_source import InputSource, TFDatasetInput
 
 from consumers.accounting import StreamTracker
 from consumers.tf_data_service.path import PATH
-from consumers.tf_data_service.service import ServiceGroup
+from consumers.tf_data_service.service import ServiceGroup, worker_use
 from consumers.tf_half import TFInputPath
 from core.errors import InputError
 from core.images.files import DatasetError, list_images
@@ -38,7 +39,6 @@ tf = import_tf()
 
 PREFETCH = 2
 ENDLESS = 2**62  # the source's length: the run ends it, not the source
-BUSY_CORES = 0.75  # a worker using this many cores or more is busy: it would make more with more CPU
 
 
 # Graph code as written, not converted by AutoGraph: nothing here branches on a tensor, and AutoGraph would
@@ -137,12 +137,11 @@ class TFDataService(TFInputPath):
             source = synthetic(batch, size, labels.dtype)
         self.batch_bytes = images.shape.num_elements() * images.dtype.size + labels.shape.num_elements() * 4 + 16
         policy = tf.data.experimental.service.ShardingPolicy
-        ds = _stamped(source).apply(
-            tf.data.experimental.service.distribute(
-                processing_mode=policy.DYNAMIC if cfg.service_mode == "dynamic" else policy.OFF,
-                service=self.address, compression=None,
-            )
-        )  # fmt: skip
+        mode = policy.DYNAMIC if cfg.service_mode == "dynamic" else policy.OFF
+        with warnings.catch_warnings():  # distribute reads the dataset's options, which graph mode warns about
+            warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+            service = tf.data.experimental.service.distribute(mode, self.address, compression=None)
+            ds = _stamped(source).apply(service)
         return TFDatasetInput(tf.compat.v1.data.Dataset.zip((ds,)).map(self._counted).prefetch(PREFETCH))
 
     @_plain
@@ -192,30 +191,18 @@ class TFDataService(TFInputPath):
         return delivered_figures(self.tracker.producers, w0["received"], self.cfg.batch, w1["time"] - w0["time"])
 
     def result_fields(self) -> dict:
-        out = {"producers": self.tracker.table(), "service": self._service_figures()}
+        out = {"producers": self.tracker.table(), "service": self._service()}
         overall = self.tracker.overall()
         if overall is not None:
             out["service"]["delivered"] = overall
         return out
 
-    def _service_figures(self) -> dict:
-        """The service's own figures: where it is, its processes' CPU, and whether more workers would help."""
+    def _service(self) -> dict:
+        """Where the service is, and (its own, started here) each process's CPU over the timed steps."""
         cfg = self.cfg
         out = {"dispatcher": self.address, "mode": cfg.service_mode, "started_here": self.service is not None}
-        if self.service is None or self._window is None:
-            out["workers"] = [{"worker": i} for i in range(cfg.service_workers)] if self.service else None
-            return out
-        w0, w1 = self._window
-        dt = w1["time"] - w0["time"]
-        cores = [
-            (b - a) / dt if dt > 0 and a is not None and b is not None else None
-            for a, b in zip(w0["cpu_s"], w1["cpu_s"], strict=True)
-        ]
-        out["dispatcher_cpu_cores"] = cores[0]
-        out["workers"] = [
-            {"worker": i, "address": a, "cpu_cores": c} for i, (a, c) in enumerate(zip(self.service.workers, cores[1:]))
-        ]
-        out["more_workers"] = more_workers(cores[1:])
+        if self.service is not None and self._window is not None:
+            out.update(worker_use(self._window, self.service.workers))
         return out
 
     def describe(self) -> dict:
@@ -231,23 +218,6 @@ class TFDataService(TFInputPath):
     def close(self) -> None:
         if self.service is not None:
             self.service.stop()
-
-
-def more_workers(cores: list[float | None]) -> str | None:
-    """Whether more workers would help, from how busy the workers were over the timed steps."""
-    known = [c for c in cores if c is not None]
-    if not known:
-        return None
-    mean = sum(known) / len(known)
-    if mean >= BUSY_CORES:
-        return (
-            f"yes: the workers were busy ({mean:.2f} cores each); more workers make more batches while cores are "
-            "free here, and on other hosts beyond that (--dispatcher)"
-        )
-    return (
-        f"no: the workers were idle part of the time ({mean:.2f} cores each); what limits is after them "
-        "(the gRPC transfer, the trainer's client, or the trainer)"
-    )
 
 
 class _Silence(Callback):
