@@ -140,3 +140,14 @@ def test_sigterm_while_the_service_runs_leaves_no_engine_process(procs, tmp_path
     gone, alive = psutil.wait_procs(engine, timeout=10)
     assert not alive
     assert not os.listdir(tmp)
+
+
+def test_a_service_without_workers_ends_the_run_within_the_receive_timeout_in_one_line():
+    lone = ServiceGroup(0).start()  # a dispatcher that no worker ever joins: the client would wait for ever
+    try:
+        lone.wait_ready(180)
+        with pytest.raises(InputError) as e:
+            run_path(small(dispatcher=lone.address, recv_timeout=3), PATH, False)
+    finally:
+        lone.stop()
+    assert str(e.value) == f"{PATH}: no batch from the tf.data service at {lone.address} within 3 s"
