@@ -207,6 +207,7 @@ def _add_producer_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     """The data engines that make batches in processes of their own, here or on other hosts (docs/engines.md)."""
+    from consumers.tf_data_service.path import MODES
     from core.cli_types import positive_int
 
     g = p.add_argument_group("engines (--fake-location tf-data-service)")
@@ -219,7 +220,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="tf-data-service: an existing tf.data service's dispatcher (the run starts none)",
     )  # fmt: skip
     g.add_argument(
-        "--service-mode", choices=("off", "dynamic"), default="off",
+        "--service-mode", choices=MODES, default="off",
         help="tf-data-service: each worker runs the whole source (off), or the dispatcher splits it (dynamic)",
     )  # fmt: skip
 
