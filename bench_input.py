@@ -53,6 +53,7 @@ def parse_args(argv: list[str], paths: dict):
     _add_emulation_flags(p)
     _add_producer_flags(p)
     _add_loader_flags(p)
+    _add_engine_flags(p)
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the results to this JSON file")
     p.add_argument(
         "--compare", metavar="OLD.json",
@@ -230,6 +231,26 @@ def _add_producer_flags(p: argparse.ArgumentParser) -> None:
         help="allow --endpoint, or this cluster task's --*-hosts entry, on a non-loopback address (unauthenticated)",
     )  # fmt: skip
     g.add_argument("--curve-keys", metavar="DIR", help="encrypt and authenticate the producers' streams (CURVE)")
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The data engines that make batches in processes of their own, here or on other hosts (docs/engines.md)."""
+    from consumers.tf_data_service.path import MODES
+    from core.cli_types import positive_int
+
+    g = p.add_argument_group("engines (--fake-location tf-data-service)")
+    g.add_argument(
+        "--service-workers", type=positive_int, default=2,
+        help="tf-data-service: worker processes the run starts, with a dispatcher, on 127.0.0.1",
+    )  # fmt: skip
+    g.add_argument(
+        "--dispatcher", metavar="grpc://HOST:PORT",
+        help="tf-data-service: an existing tf.data service's dispatcher (the run starts none)",
+    )  # fmt: skip
+    g.add_argument(
+        "--service-mode", choices=MODES, default="off",
+        help="tf-data-service: each worker runs the whole source (off), or the dispatcher splits it (dynamic)",
+    )  # fmt: skip
 
 
 def _add_machine_flags(p: argparse.ArgumentParser) -> None:

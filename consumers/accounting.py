@@ -71,3 +71,62 @@ class SeqTracker:
             }
             for pid, c in sorted(self.producers.items())
         ]
+
+
+class StreamTracker:
+    """Batches that carry (stream, seq) through an engine's pipeline (tf.data service, Ray Data).
+
+    A stream is one worker's pass over the source, named by a random id drawn
+    when the pass starts and numbered here in order of first arrival; seq is the
+    batch's index in the source. `shared=False`: each stream runs the whole
+    source (the tf.data service's `off` mode), so each is counted as a
+    producer is (`SeqTracker`). `shared=True`: the streams split one source
+    between them (dynamic sharding, Ray Data's blocks), so every seq must arrive
+    once overall; each stream is increasing, and a seq below every stream's
+    latest that has not arrived never will (`missing`).
+    """
+
+    def __init__(self, shared: bool) -> None:
+        self.shared = shared
+        self.ids: dict[int, int] = {}
+        self.streams = SeqTracker()
+        self.seen: set[int] = set()
+        self.duplicated = 0
+        self.latest: dict[int, int] = {}
+
+    @property
+    def producers(self) -> dict[int, ProducerCount]:
+        return self.streams.producers
+
+    def add(self, stream: int, seq: int) -> None:
+        sid = self.ids.setdefault(stream, len(self.ids))
+        if not self.shared:
+            self.streams.add(sid, seq)
+            return
+        c = self.streams.producers.setdefault(sid, ProducerCount())
+        c.received += 1
+        if c.joined_at < 0:
+            c.joined_at = seq
+        if seq in self.seen:
+            self.duplicated += 1
+            c.duplicated += 1
+        else:
+            self.seen.add(seq)
+        self.latest[sid] = seq
+
+    def table(self) -> list[dict]:
+        """One row per stream (as `SeqTracker.table`; with `shared`, loss is counted overall in `overall`)."""
+        return self.streams.table()
+
+    def overall(self) -> dict | None:
+        """With `shared`: batches received, distinct seqs, those that came twice, and those that never will."""
+        if not self.shared or not self.latest:
+            return None
+        frontier = min(self.latest.values())
+        below = sum(1 for s in self.seen if s <= frontier)
+        return {
+            "received": sum(c.received for c in self.producers.values()),
+            "distinct": len(self.seen),
+            "duplicated": self.duplicated,
+            "missing": frontier + 1 - below,
+        }

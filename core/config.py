@@ -80,6 +80,9 @@ class BenchConfig:
     profile_dir: str | None = None  # --profile: a trace of a few untimed steps per path (TensorFlow or torch.profiler)
     shrunk: dict[str, tuple] = field(default_factory=dict)
     quiet: bool = False  # no per-path progress lines (a capacity probe)
+    service_workers: int = 2  # --service-workers: the tf-data-service path's own workers
+    dispatcher: str | None = None  # --dispatcher grpc://HOST:PORT: an existing tf.data service (starts nothing)
+    service_mode: str = "off"  # --service-mode: off (each worker the whole source) or dynamic (split between them)
     real_data: bool = False  # --real-data: every way to feed the model from --data, and the cores each needs
     # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py); None:
     # INTERLEAVE_GPU where a GPU is used, else 0 (apply_defaults)

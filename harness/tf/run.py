@@ -360,6 +360,8 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 group = built.path.producers = start_producers(cfg, built.path.endpoint, run_dir and run_dir.name)
                 if group is not None:  # a feeding thread waiting for a batch stops waiting when one fails
                     group.on_failure(built.path.interrupt)
+            else:  # a path that starts processes of its own (tf-data-service's dispatcher and workers)
+                group = built.path.producers
             timer, callbacks = _callbacks(built, group, list(extra_callbacks))
             _train(built, callbacks, has_gpu, group)
             _check_complete(built, timer, group)
@@ -383,11 +385,11 @@ def _result(built: Built, timer: StepTimer, callbacks: list[Callback], opened: f
     result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus, scale)
     parts = {"to_first_step_s": timer.starts[0] - opened, "first_step_s": timer.ends[0] - timer.starts[0]}
     result["first_batch"] = first_batch.figure("tf", timer.ends[0] - opened, parts=parts)
-    result.update(built.path.result_fields())
     telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)
     if telemetry is not None:
         result["telemetry"] = telemetry.summary()
         cpu_use = next((c for c in callbacks if isinstance(c, CpuUse)), None)
         result["telemetry"]["cpu"] = cpu_use.summary() if cpu_use is not None else None
+    result.update(built.path.result_fields())  # after the telemetry: a path may read its window's figures
     add_common_fields(result, cfg, built.path.describe())
     return result

@@ -1,0 +1,70 @@
+"""`tf-data-service`: a dispatcher and workers of TensorFlow's tf.data service make the batches in their own
+processes (here, or on other hosts with --dispatcher); the trainer reads them over gRPC (docs/engines.md)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from core.errors import ConfigError
+from core.registry import Declaration, needs_data
+
+NAME = "tf-data-service"
+MODES = ("off", "dynamic")  # tf.data.experimental.service.ShardingPolicy.OFF / DYNAMIC
+
+
+def dispatcher_address(text: str) -> tuple[str, int]:
+    """`grpc://HOST:PORT` (or `HOST:PORT`) -> (host, port); ConfigError naming the flag otherwise."""
+    rest = text.removeprefix("grpc://")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--dispatcher {text}: expected grpc://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(text: str, timeout: float) -> None:
+    """ConfigError naming the address when no dispatcher listens there (within `timeout` seconds)."""
+    host, port = dispatcher_address(text)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e)).lower()
+        raise ConfigError(
+            f"--dispatcher {text}: no tf.data service dispatcher reachable there ({why} within {timeout:g} s)"
+        ) from None
+
+
+def validate(cfg: Any) -> None:
+    kind = cfg.producer_kind
+    if kind not in ("synthetic", "decode"):
+        what = "--loader" if kind == "loader" else f"--producer-kind {kind}"
+        raise ConfigError(
+            f"--fake-location {NAME} with {what}: its workers run synthetic or decode work "
+            "(--producer-kind synthetic|decode)"
+        )
+    if kind == "decode":
+        needs_data(cfg, NAME)
+    if cfg.service_mode not in MODES:
+        raise ConfigError(f"--service-mode {cfg.service_mode}: choose from {', '.join(MODES)}")
+    if cfg.dispatcher:
+        check_reachable(cfg.dispatcher, cfg.recv_timeout)
+
+
+PATH = Declaration(
+    name=NAME,
+    summary="tf.data service: a dispatcher and --service-workers worker processes make the batches, read over gRPC",
+    order=80,
+    in_default_run=False,
+    frameworks=("tf",),
+    advice=(
+        "the tf.data service's client limits (gRPC receive and unpacking in the trainer): fewer, larger batches, "
+        "or the native op (zmq-consume)"
+    ),
+    input_advice=(
+        "add tf.data service workers (--service-workers), on other hosts once this one's cores are spent "
+        "(--dispatcher grpc://HOST:PORT)"
+    ),
+    delivers_words="the tf.data service workers deliver",
+    validate=validate,
+)

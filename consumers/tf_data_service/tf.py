@@ -1,0 +1,247 @@
+"""`tf-data-service`: the tf.data service's workers make the batches; the trainer reads them over gRPC.
+
+The pipeline is built here, in the trainer's graph, and `distribute` sends it
+to the dispatcher, which has every worker run it (`off`: each worker the
+whole source; `dynamic`: the dispatcher hands out its elements, each once).
+It does the producers' work: synthetic batches laid out from a few cached
+tiles, or the JPEGs of --data decoded with an Inception crop and flip. Each
+batch carries (stream, seq) as a producer's header does: `stream` is drawn
+once per worker pass, `seq` is the batch's index in the source, so the
+trainer counts what each worker delivered, and what was lost or came twice
+(consumers/accounting.py `StreamTracker`), in a small Python call per batch.
+Compression is off: pixels do not compress, and the workers would pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+
+import numpy as np
+from tensorpack.callbacks import Callback
+from tensorpack.input_source import InputSource, TFDatasetInput
+
+from consumers.accounting import StreamTracker
+from consumers.tf_data_service.path import PATH
+from consumers.tf_data_service.service import ServiceGroup, worker_use
+from consumers.tf_half import TFInputPath
+from core.errors import InputError
+from core.images.files import DatasetError, list_images
+from core.registry import register
+from frameworks.tf_env import import_tf
+from producers.synthetic import TILES
+from profiler.cpu import tree_cpu_seconds
+from profiler.telemetry import delivered_figures
+
+tf = import_tf()
+
+PREFETCH = 2
+ENDLESS = 2**62  # the source's length: the run ends it, not the source
+
+
+# Graph code as written, not converted by AutoGraph: nothing here branches on a tensor, and AutoGraph would
+# leave its generated files in TMPDIR when a signal ends the run.
+_plain = tf.autograph.experimental.do_not_convert
+
+
+def _stamped(source):
+    """(images, labels) per seq -> (images, labels, stream, seq): stream drawn at a worker pass's first batch."""
+
+    @_plain
+    def step(stream, seq):
+        # Seeds 0, 0: the kernel seeds itself from the OS, in each worker (a graph-level seed would give
+        # every worker the same id).
+        low, high = tf.constant(0, tf.int64), tf.constant(ENDLESS, tf.int64)
+        drawn = tf.raw_ops.RandomUniformInt(shape=tf.zeros([0], tf.int32), minval=low, maxval=high, seed=0, seed2=0)
+        stream = tf.where(stream < 0, drawn, stream)
+        images, labels = source(seq)
+        return stream, (images, labels, stream, seq)
+
+    return tf.data.Dataset.range(ENDLESS).scan(tf.constant(-1, tf.int64), step)
+
+
+def synthetic(batch: int, size: int, label_dtype):
+    """The synthetic producers' batches (producers/synthetic.py): rotations of a few cached random tiles."""
+    rng = np.random.default_rng([0, 0])
+    tiles = tf.constant(rng.integers(0, 256, (TILES, size, size, 3), dtype=np.uint8))
+    labels = tf.constant(rng.integers(0, 1000, (TILES, batch)), dtype=label_dtype)
+
+    @_plain
+    def source(seq):
+        k = tf.math.floormod(seq, TILES)
+        return tf.gather(tiles, tf.math.floormod(k + tf.range(batch, dtype=tf.int64), TILES)), labels[k]
+
+    return source
+
+
+def decoded(folder: str, batch: int, size: int, label_dtype):
+    """The decode producers' work (producers/decode.py) in tf.image: read, random-resized crop, flip, resize."""
+    try:
+        files, labels, _ = list_images(folder)
+    except DatasetError as e:
+        raise InputError(f"{PATH.name}: {e}") from None
+    root = os.path.abspath(folder)  # the workers read the files themselves: on other hosts, at the same place
+    files_t = tf.constant([os.path.join(root, f) for f in files])
+    labels_t = tf.constant(labels, dtype=label_dtype)
+    n = len(files)
+
+    @_plain
+    def one(path):
+        data = tf.io.read_file(path)
+        box = tf.image.sample_distorted_bounding_box(
+            tf.image.extract_jpeg_shape(data), tf.zeros([0, 0, 4]), area_range=(0.08, 1.0),
+            aspect_ratio_range=(3 / 4, 4 / 3), use_image_if_no_bounding_boxes=True,
+        )  # fmt: skip
+        y, x, _ = tf.unstack(box[0])
+        h, w, _ = tf.unstack(box[1])
+        image = tf.image.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+        image = tf.image.random_flip_left_right(tf.image.resize(image, [size, size]))
+        return tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8)
+
+    @_plain
+    def source(seq):
+        idx = tf.math.floormod(seq * batch + tf.range(batch, dtype=tf.int64), n)
+        images = tf.map_fn(one, tf.gather(files_t, idx), fn_output_signature=tf.uint8)
+        return tf.ensure_shape(images, [batch, size, size, 3]), tf.gather(labels_t, idx)
+
+    return source
+
+
+@register
+class TFDataService(TFInputPath):
+    declaration = PATH
+    input_op_types = frozenset({"IteratorGetNext"})
+
+    def __init__(self, cfg, endpoint: str | None = None) -> None:
+        super().__init__(cfg, endpoint)
+        self.service: ServiceGroup | None = None
+        self.address = cfg.dispatcher
+        self.tracker = StreamTracker(shared=cfg.service_mode == "dynamic")
+        self.batch_bytes = 0
+        self.last_batch = time.monotonic()
+        self._failure: str | None = None
+        self._window: tuple[dict, dict] | None = None
+
+    def input_source(self, specs: list, has_gpu: bool) -> InputSource:
+        cfg = self.cfg
+        images, labels = specs[0], specs[1]
+        batch, size = int(images.shape[0]), int(images.shape[1])
+        if not cfg.dispatcher:  # the run's own service: its ports are chosen now, its processes start in `open`
+            self.service = ServiceGroup(cfg.service_workers, cfg.on_producer_exit)
+            self.address = self.service.address
+        if cfg.producer_kind == "decode":
+            source = decoded(cfg.data, batch, size, labels.dtype)
+        else:
+            source = synthetic(batch, size, labels.dtype)
+        self.batch_bytes = images.shape.num_elements() * images.dtype.size + labels.shape.num_elements() * 4 + 16
+        policy = tf.data.experimental.service.ShardingPolicy
+        mode = policy.DYNAMIC if cfg.service_mode == "dynamic" else policy.OFF
+        with warnings.catch_warnings():  # distribute reads the dataset's options, which graph mode warns about
+            warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+            service = tf.data.experimental.service.distribute(mode, self.address, compression=None)
+            ds = _stamped(source).apply(service)
+        return TFDatasetInput(tf.compat.v1.data.Dataset.zip((ds,)).map(self._counted).prefetch(PREFETCH))
+
+    @_plain
+    def _counted(self, element):
+        images, labels, stream, seq = element
+
+        def count(stream, seq):
+            self.tracker.add(int(stream), int(seq))
+            self.last_batch = time.monotonic()
+            return np.int64(0)
+
+        done = tf.numpy_function(count, [stream, seq], tf.int64, stateful=True)
+        with tf.control_dependencies([done]):
+            return tf.identity(images), labels
+
+    # --- running ---------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Start the run's own dispatcher and workers, and wait until each listens."""
+        if self.service is not None and not self.service.procs:
+            self.producers = self.service.start()
+            self.service.wait_ready(self.cfg.recv_timeout)
+
+    def callbacks(self) -> list[Callback]:
+        return [_Silence(self)]
+
+    def counters(self, session=None) -> dict:
+        received = {pid: c.received for pid, c in self.tracker.producers.items()}
+        n = sum(received.values())
+        procs = self.service.procs if self.service is not None else []
+        return {
+            "time": time.perf_counter(),
+            "messages": n,
+            "bytes": n * self.batch_bytes,
+            "latency_s": None,
+            "wait_s": None,
+            "received": received,
+            "cpu_s": [tree_cpu_seconds(p.pid) for p in procs],
+            "source": "tf.data service client (payload bytes, uncompressed)",
+        }
+
+    def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:
+        """Each worker pass's delivered rate over the measured steps (exact: the batches' own stamps)."""
+        self._window = window
+        if window is None or not self.tracker.producers:
+            return None
+        w0, w1 = window
+        return delivered_figures(self.tracker.producers, w0["received"], self.cfg.batch, w1["time"] - w0["time"])
+
+    def result_fields(self) -> dict:
+        out = {"producers": self.tracker.table(), "service": self._service()}
+        overall = self.tracker.overall()
+        if overall is not None:
+            out["service"]["delivered"] = overall
+        return out
+
+    def _service(self) -> dict:
+        """Where the service is, and (its own, started here) each process's CPU over the timed steps."""
+        cfg = self.cfg
+        out = {"dispatcher": self.address, "mode": cfg.service_mode, "started_here": self.service is not None}
+        if self.service is not None and self._window is not None:
+            out.update(worker_use(self._window, self.service.workers))
+        return out
+
+    def describe(self) -> dict:
+        """Who makes the batches: the service's workers, for the verdict's advice when they limit."""
+        out = super().describe()
+        who = f"{self.cfg.service_workers} workers of" if self.service is not None else "the workers of"
+        out["batch_maker"] = {"kind": "external", "name": f"the tf.data service ({who} {self.address})"}
+        return out
+
+    def failure(self) -> str | None:
+        return self._failure
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.stop()
+
+
+class _Silence(Callback):
+    """Ends the run with one line naming the dispatcher when no batch comes within --recv-timeout.
+
+    The tf.data service's client waits for its workers for ever; this watches
+    the batches' own arrival and closes the session, which cancels the step.
+    """
+
+    def __init__(self, path: TFDataService) -> None:
+        self.path = path
+        self._done = threading.Event()
+
+    def _before_train(self) -> None:
+        self.path.last_batch = time.monotonic()
+        threading.Thread(target=self._watch, name="feedbench-service-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        limit = self.path.cfg.recv_timeout
+        while not self._done.wait(0.2):
+            if time.monotonic() - self.path.last_batch > limit:
+                self.path._failure = f"no batch from the tf.data service at {self.path.address} within {limit:g} s"
+                self.trainer.sess.close()
+                return
+
+    def _after_train(self) -> None:
+        self._done.set()
