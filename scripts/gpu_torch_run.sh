@@ -41,6 +41,8 @@ if [ "${SMALL:-0}" = 1 ]; then
     MODEL=(--framework torch --num-gpus 1 --batch 8 --image-size 64 --producers 2
            --warmup-steps 2 --steps 4 --repeats 3)
     EMULATED=(--emulate-rate 400)  # ResNet-50 on a few CPU cores would take its steps' minutes: an emulated device
+    CAPACITY=(--framework torch --find-capacity --emulate H100 --capacity-probes 2 --capacity-tries 0
+              --fake-location zmq-consume)
     CHECK=(--batch 8 --image-size 64 --warmup-steps 2 --steps 3 --repeats 2)
     BW=(--mb 1,8 --repeats 3)
 fi
@@ -67,7 +69,8 @@ step() {
     fi
     echo "== $name (cap ${cap} s): $*" | tee -a "$LOG"
     local t0=$(date +%s)
-    timeout -s INT --kill-after=5 "$((cap - 5))" "$@" 2>&1 | tee -a "$LOG"  # stopped before its cap, killed at it
+    local grace=$((cap / 4 < 15 ? cap / 4 : 15))  # for the trainer to stop its producers after SIGINT
+    timeout -s INT --kill-after=$grace "$((cap - grace))" "$@" 2>&1 | tee -a "$LOG"  # killed at its cap
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc after $(($(date +%s) - t0)) s" | tee -a "$LOG"
 }
