@@ -33,7 +33,8 @@ def add_ratios(results: dict[str, dict], steps_per_window: int | None = None) ->
     apply_ceiling({p: r["uncertainty"] for p, r in results.items()})
 
 
-def _rate(x: float) -> str:
+def rate_figure(x: float) -> str:
+    """A rate as the results table prints it (the verdict quotes it the same way)."""
     return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"
 
 
@@ -62,9 +63,9 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
         reading = "" if path == BASELINE else (u.get("reading") or "")
         row = [
             path,
-            _rate(ips["median"]),
-            f"{_rate(lo)}–{_rate(hi)}",
-            _rate(r["images_per_sec_per_device"]["median"]),
+            rate_figure(ips["median"]),
+            f"{rate_figure(lo)}–{rate_figure(hi)}",
+            rate_figure(r["images_per_sec_per_device"]["median"]),
             f"{r['step_time_ms']['p50']:.0f} / {r['step_time_ms']['p90']:.0f}",
             vs,
             reading,
