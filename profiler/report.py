@@ -62,7 +62,7 @@ def _ceiling(path: str, r: dict, results: dict[str, dict]) -> str:
     producers do (the verdict's limiting stage), since more producers would raise it."""
     from profiler.verdict import verdict
 
-    figure = _rate(r["images_per_sec"]["median"])
+    figure = rate_figure(r["images_per_sec"]["median"])
     if path == BASELINE or r.get("model") == "emulated":
         return figure
     base = results.get(BASELINE)
@@ -80,7 +80,8 @@ def gpu_words(path: str, r: dict, base: dict | None) -> str | None:
     return differs(mine, base["gpu_state"])
 
 
-def _rate(x: float) -> str:
+def rate_figure(x: float) -> str:
+    """A rate as the results table prints it (the verdict quotes it the same way)."""
     return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"
 
 
@@ -104,9 +105,9 @@ def table(results: dict[str, dict], towers: int, input_only: bool) -> str:
         vs, reading = _versus(path, r, u, results, base_bad)
         row = [
             path,
-            _ceiling(path, r, results) if input_only else _rate(ips["median"]),
-            f"{_rate(lo)}–{_rate(hi)}",
-            _rate(r["images_per_sec_per_device"]["median"]),
+            _ceiling(path, r, results) if input_only else rate_figure(ips["median"]),
+            f"{rate_figure(lo)}–{rate_figure(hi)}",
+            rate_figure(r["images_per_sec_per_device"]["median"]),
             f"{r['step_time_ms']['p50']:.0f} / {r['step_time_ms']['p90']:.0f}",
             vs,
             reading,

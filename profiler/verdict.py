@@ -32,6 +32,7 @@ from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence, too_short
+from profiler.report import rate_figure
 from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import WITHIN_NOISE, baseline_for, uncertainty
 
@@ -219,13 +220,13 @@ SAME_FIGURE = 0.05  # the producers' own count and the trainer's rate closer tha
 
 
 def _delivered(counted: float, ips: float) -> str:
-    """The rate the input delivered, as the table has it; the producers' own count beside it only where it
-    differs, said as what it is: a count over another span than the trainer's timed windows."""
+    """The rate the input delivered, as the results table prints it; the producers' own count beside it only
+    where it differs, said as what it is: a count over another span than the trainer's timed windows."""
     if ips > 0 and abs(counted - ips) <= SAME_FIGURE * ips:
-        return f"{ips:.1f} img/s"
+        return f"{rate_figure(ips)} img/s"
     return (
-        f"{ips:.1f} img/s to the trainer in its timed windows (the table's figure; {counted:.1f} img/s by their own "
-        "count, taken over another span)"
+        f"{rate_figure(ips)} img/s to the trainer in its timed windows (the table's figure; {rate_figure(counted)} "
+        "img/s by their own count, taken over another span)"
     )
 
 

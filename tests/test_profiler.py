@@ -49,7 +49,7 @@ def test_levels_follow_the_tensorflow_profiler_thresholds():
 def test_slow_producers_that_never_wait_to_send_are_the_limit():
     v = verdict("zmq-consume", result(0.41, producers=prod(310, 0.02), ips=310), baseline_ips=540)
     assert v["level"] == "HIGHLY input-bound" and v["limiting_stage"] == "producer"
-    assert "41%" in v["evidence"] and "310 img/s against 540 img/s" in v["evidence"]
+    assert "41%" in v["evidence"] and "310.0 img/s against 540 img/s" in v["evidence"]
     assert "--producers" in v["advice"]
     assert line("zmq-consume", v).startswith("zmq-consume: HIGHLY input-bound — waits 41% of each step")
 
