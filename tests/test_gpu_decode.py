@@ -164,3 +164,40 @@ def test_decode_batch_names_the_file_it_cannot_decode(folder) -> None:
     out = augment(images, 24, __import__("random").Random(0))
     assert out.shape == (3, 24, 24, 3) and out.dtype == torch.uint8
     assert np.asarray(out).std() > 0  # real pixels, not an empty buffer
+
+
+@pytest.mark.timeout(120)
+def test_byte_strings_in_a_shm_slot_are_checked_against_the_slot(ep) -> None:
+    """A slot's length table is read once the slot is taken: lengths past the slot's end are a named rejection."""
+    import struct
+
+    import zmq
+
+    from wire import WireError, shm
+
+    files = [b"\xff\xd8" + bytes(range(k * 10 % 256)) for k in range(5)]
+    batch = [strings.of(files), np.arange(5, dtype=np.int32)]
+    region = shm.Region(2, shm.layout(batch)[1])
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    try:
+        with PullConsumer(ep, recv_timeout=30) as consumer:
+            push.connect(shm.zmq_endpoint(ep))
+            assert region.hand_over(ep)
+            for seq, lengths in enumerate([None, [2**40, 0, 0, 0, 0], [2**64 - 1, 1, 0, 0, 0]]):
+                offsets = region.write(0, batch)
+                if lengths is not None:  # a table that names more bytes than the slot holds
+                    region._data[offsets[0] : offsets[0] + 40] = np.frombuffer(struct.pack("<5Q", *lengths), np.uint8)
+                region.publish(0)
+                push.send_multipart(shm.encode(batch, 0, seq, region.name, 0, offsets))
+                if lengths is None:
+                    got = consumer.recv().arrays
+                    assert list(got[0]) == files and got[1].tolist() == list(range(5))
+                    continue
+                with pytest.raises(WireError, match=r"tensor\[0\]\.lengths: .*overrun"):
+                    consumer.recv()
+                assert region._state[0] == shm.FREE  # the slot went back to its producer
+    finally:
+        push.close(0)
+        ctx.term()
+        region.close()
