@@ -25,7 +25,6 @@ from tensorpack.input_source import InputSource, TFDatasetInput
 
 from consumers.accounting import StreamTracker
 from consumers.tf_data_service.path import PATH
-from consumers.tf_data_service.service import ServiceGroup, worker_use
 from consumers.tf_half import TFInputPath
 from core.errors import InputError
 from core.images.files import DatasetError, list_images
@@ -34,6 +33,7 @@ from frameworks.tf_env import import_tf
 from producers.synthetic import TILES
 from profiler.cpu import tree_cpu_seconds
 from profiler.telemetry import delivered_figures
+from runner.data_service import ServiceGroup, worker_use
 
 tf = import_tf()
 
