@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.accounting import SeqTracker
+from consumers.accounting import SeqTracker, StreamTracker
 from consumers.zmq_pull import PullConsumer
 
 pytestmark = pytest.mark.timeout(180)
@@ -55,3 +55,23 @@ def test_a_restarted_producer_is_picked_up_again(procs, ipc_dir):
             drained += 1
             assert drained < 50_000, "the restarted producer's stream never arrived"
     assert c.tracker.producers[3].restarts == 1
+
+
+def test_streams_that_split_one_source_count_each_seq_once_and_what_never_came():
+    t = StreamTracker(shared=True)
+    for stream, seq in [(7, 0), (9, 1), (7, 2), (9, 4), (7, 5), (9, 5)]:
+        t.add(stream, seq)
+    # seq 5 came twice; seq 3 is below both streams' latest (5) and never came
+    assert t.overall() == {"received": 6, "distinct": 5, "duplicated": 1, "missing": 1}
+    assert [(r["producer"], r["received"], r["duplicated"], r["joined_at"]) for r in t.table()] == [
+        (0, 3, 0, 0),
+        (1, 3, 1, 1),
+    ]
+
+
+def test_streams_that_each_run_the_whole_source_are_counted_as_producers():
+    t = StreamTracker(shared=False)
+    for stream, seq in [(5, 0), (5, 1), (6, 0), (5, 3), (6, 1)]:
+        t.add(stream, seq)
+    assert t.overall() is None
+    assert [(r["producer"], r["received"], r["lost"]) for r in t.table()] == [(0, 3, 1), (1, 2, 0)]

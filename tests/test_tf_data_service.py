@@ -16,16 +16,16 @@ import pytest
 from conftest import descendants
 from tensorpack.callbacks import Callback
 
-from consumers.tf_data_service.service import ServiceGroup
 from core.config import BenchConfig, apply_defaults
 from core.errors import ConfigError, InputError
 from harness.tf.run import run_path
 from producers.dataset import make_dataset
+from runner.data_service import ServiceGroup
 from runner.local_cluster import free_ports
 
 pytestmark = pytest.mark.timeout(300)
 PATH = "tf-data-service"
-ENGINE = "consumers.tf_data_service"
+ENGINE = "consumers.tf_service"
 
 
 def small(**kw) -> BenchConfig:

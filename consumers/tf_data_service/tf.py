@@ -25,19 +25,19 @@ from tensorpack.input_source import InputSource, TFDatasetInput
 
 from consumers.accounting import StreamTracker
 from consumers.tf_data_service.path import PATH
-from consumers.tf_data_service.service import ServiceGroup, worker_use
 from consumers.tf_half import TFInputPath
 from core.errors import InputError
 from core.images.files import DatasetError, list_images
 from core.registry import register
 from frameworks.tf_env import import_tf
-from producers.synthetic import TILES
 from profiler.cpu import tree_cpu_seconds
 from profiler.telemetry import delivered_figures
+from runner.data_service import ServiceGroup, worker_use
 
 tf = import_tf()
 
 PREFETCH = 2
+TILES = 8  # cached source images, as the synthetic producers lay their batches out (producers/synthetic.py)
 ENDLESS = 2**62  # the source's length: the run ends it, not the source
 
 

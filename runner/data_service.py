@@ -10,17 +10,30 @@ only (runner/bind_host.py: TensorFlow's gRPC servers have no bind address).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
 from core.errors import InputError
+from producers import parent
 from runner import bind_host
 from runner.local_cluster import LOOPBACK, free_ports
 from runner.producer_group import ProducerGroup
 
-MODULE = "consumers.tf_data_service"
+MODULE = "consumers.tf_service"  # the process: python -m consumers.tf_service dispatcher|worker --port P
 WORKER_TIMEOUT_MS = 10000  # the dispatcher drops a worker it has not heard from for this long
 BUSY_CORES = 0.75  # a worker using this many cores or more is busy: it would make more with more CPU
+
+
+def become_server(port: int) -> str:
+    """In a service process, before TensorFlow starts: listen on 127.0.0.1:`port` only, die with the run,
+    exit at once on SIGTERM (a worker holds nothing worth saving; the dispatcher keeps no state). Its address."""
+    own = f"{LOOPBACK}:{port}"
+    bind_host.ensure(own, LOOPBACK, allow_remote=False)  # may run this command again with the shim preloaded
+    parent.watch()
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    return own
 
 
 class ServiceGroup(ProducerGroup):
