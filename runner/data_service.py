@@ -10,7 +10,6 @@ only (runner/bind_host.py: TensorFlow's gRPC servers have no bind address).
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -32,7 +31,9 @@ def become_server(port: int) -> str:
     own = f"{LOOPBACK}:{port}"
     bind_host.ensure(own, LOOPBACK, allow_remote=False)  # may run this command again with the shim preloaded
     parent.watch()
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # The default action, not a Python handler: the main thread waits in TensorFlow's server join, where a
+    # Python handler would not run until SIGKILL came.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return own
 
 
