@@ -42,6 +42,7 @@ from core.atomic import NotReadable, read_regular
 from core.errors import FeedbenchError
 from core.registry import BASELINE
 from profiler.report import SCHEMA_VERSION
+from profiler.summary import rate_figure
 from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import NEGLIGIBLE, ratio_interval, window_rates
 
@@ -359,10 +360,6 @@ def refuse_untrained(doc: dict, name: str) -> None:
             )
 
 
-def _rate(x: float) -> str:
-    return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"
-
-
 def _pct(x: float) -> str:
     return "+inf%" if math.isinf(x) else f"{100 * (x - 1):+.1f}%"
 
@@ -386,7 +383,7 @@ def _row(path: str, c: dict) -> list[str]:
     lo, hi = c["interval"]
     return [
         path,
-        f"{_rate(a)} -> {_rate(b)}",
+        f"{rate_figure(a)} -> {rate_figure(b)}",
         f"{_pct(c['change'])} ({_pct(lo)} to {_pct(hi)})",
         ratio,
         ratio_change,

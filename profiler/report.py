@@ -11,6 +11,7 @@ from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
 from profiler.gpu_state import differs, throttled_words
+from profiler.summary import rate_figure
 from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, baseline_for, drift_words, uncertainty
 
@@ -78,11 +79,6 @@ def gpu_words(path: str, r: dict, base: dict | None) -> str | None:
     if path == BASELINE or not base or not base.get("gpu_state"):
         return f"GPU {throttled}" if (throttled := throttled_words(mine)) else None
     return differs(mine, base["gpu_state"])
-
-
-def rate_figure(x: float) -> str:
-    """A rate as the results table prints it (the verdict quotes it the same way)."""
-    return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"
 
 
 def table(results: dict[str, dict], towers: int, input_only: bool) -> str:

@@ -34,3 +34,8 @@ class Summary:
 
     def fmt(self, spec: str = ".2f") -> str:
         return f"{self.median:{spec}} ({self.min:{spec}}–{self.max:{spec}})"
+
+
+def rate_figure(x: float) -> str:
+    """A rate as every table prints it (the results table, the verdict that quotes it, a comparison)."""
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"

@@ -32,7 +32,7 @@ from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence, too_short
-from profiler.report import rate_figure
+from profiler.summary import rate_figure
 from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import WITHIN_NOISE, baseline_for, uncertainty
 
