@@ -87,7 +87,7 @@ void RegisterRegion(void* base, uint64_t size, int mapped) {
 
 absl::Status ZmqConnection::Create(const ConnectionOptions& options, ZmqConnection** out) {
   *out = nullptr;
-  if (options.num_threads < 1) return tensorflow::errors::InvalidArgument("num_threads must be >= 1");
+  if (options.num_threads < 1) return absl::InvalidArgumentError("num_threads must be >= 1");
   auto* conn = new ZmqConnection(options);
   conn->core_.SetMapHook(RegisterRegion);
   absl::Status s = ToTf(conn->core_.Open());

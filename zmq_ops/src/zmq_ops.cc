@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -87,8 +88,9 @@ class ZmqConnectionOp : public tensorflow::ResourceOpKernel<ZmqConnection> {
     const ConnectionOptions& o = conn->options();
     if (o.end_point != options_.end_point || o.bind != options_.bind ||
         o.curve_keys_dir != options_.curve_keys_dir) {
-      return errors::InvalidArgument("shared ZMQ connection ", conn->DebugString(), " cannot be reused for ",
-                                     options_.end_point, options_.bind ? " (bind)" : " (connect)");
+      return absl::InvalidArgumentError(absl::StrCat("shared ZMQ connection ", conn->DebugString(),
+                                                     " cannot be reused for ", options_.end_point,
+                                                     options_.bind ? " (bind)" : " (connect)"));
     }
     return absl::OkStatus();
   }
@@ -127,8 +129,8 @@ class ZmqPullOp : public AsyncOpKernel {
     // Socket lock released: check the decoded message and copy it out while
     // other pulls receive.
     if (!msg.ok()) {
-      return errors::InvalidArgument("bad ", msg.native() ? "native" : "zmq_ops", " message from ", ep, ": ",
-                                     msg.error().ToString());
+      return absl::InvalidArgumentError(absl::StrCat("bad ", msg.native() ? "native" : "zmq_ops", " message from ",
+                                                     ep, ": ", msg.error().ToString()));
     }
     std::vector<wire::TensorView> tensors = msg.tensors();
     // A shared-memory slot goes back to its producer after the copy, or, when
@@ -136,18 +138,19 @@ class ZmqPullOp : public AsyncOpKernel {
     auto lease = std::make_shared<shm::SlotLease>();
     wire::WireError werr;
     if (!conn->core().ResolveSlot(msg, &tensors, lease.get(), &werr)) {
-      return errors::InvalidArgument("bad slot message from ", ep, ": ", werr.ToString());
+      return absl::InvalidArgumentError(absl::StrCat("bad slot message from ", ep, ": ", werr.ToString()));
     }
     if (tensors.size() != types_.size()) {
-      return errors::InvalidArgument("n_tensors: message from ", ep, " has ", tensors.size(),
-                                     " tensors, the op expects ", types_.size(), " (",
-                                     tensorflow::DataTypeVectorString(types_), ")");
+      return absl::InvalidArgumentError(absl::StrCat("n_tensors: message from ", ep, " has ", tensors.size(),
+                                                     " tensors, the op expects ", types_.size(), " (",
+                                                     tensorflow::DataTypeVectorString(types_), ")"));
     }
     for (size_t i = 0; i < tensors.size(); ++i) {
       const DataType got = static_cast<DataType>(tensors[i].dtype);
       if (got != types_[i]) {
-        return errors::InvalidArgument("tensor[", i, "].dtype: message from ", ep, " has ",
-                                       DataTypeString(got), ", the op expects ", DataTypeString(types_[i]));
+        return absl::InvalidArgumentError(absl::StrCat("tensor[", i, "].dtype: message from ", ep, " has ",
+                                                       DataTypeString(got), ", the op expects ",
+                                                       DataTypeString(types_[i])));
       }
     }
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -155,7 +158,7 @@ class ZmqPullOp : public AsyncOpKernel {
       TensorShape shape;
       absl::Status s = TensorShape::BuildTensorShape(t.shape, &shape);
       if (!s.ok()) {
-        return errors::InvalidArgument("tensor[", i, "].shape: message from ", ep, ": ", s.message());
+        return absl::InvalidArgumentError(absl::StrCat("tensor[", i, "].shape: message from ", ep, ": ", s.message()));
       }
       if (types_[i] == tensorflow::DT_STRING) {  // byte strings: each copied into a tstring of its own
         Tensor* out = nullptr;

@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -175,9 +176,10 @@ class EmulatedDeviceStepBase : public AsyncOpKernel {
     float overlap = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rate", &rate));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("overlap", &overlap));
-    OP_REQUIRES(ctx, rate > 0, errors::InvalidArgument("rate must be more than 0 images/s, got ", rate));
+    OP_REQUIRES(ctx, rate > 0,
+                absl::InvalidArgumentError(absl::StrCat("rate must be more than 0 images/s, got ", rate)));
     OP_REQUIRES(ctx, overlap >= 0 && overlap <= 1,
-                errors::InvalidArgument("overlap must be within [0, 1], got ", overlap));
+                absl::InvalidArgumentError(absl::StrCat("overlap must be within [0, 1], got ", overlap)));
     schedule_ = std::make_shared<Schedule>(rate, overlap);
   }
 
@@ -193,8 +195,8 @@ class EmulatedDeviceStepOp : public EmulatedDeviceStepBase {
     const Clock::time_point arrived = Clock::now();
     const Tensor& images = ctx->input(0);
     OP_REQUIRES_ASYNC(ctx, images.dims() >= 1,
-                      errors::InvalidArgument("images must have a batch dimension, got shape ",
-                                              images.shape().DebugString()),
+                      absl::InvalidArgumentError(absl::StrCat("images must have a batch dimension, got shape ",
+                                                              images.shape().DebugString())),
                       done);
     const Clock::time_point deadline = schedule_->Deadline(arrived, images.dim_size(0));
 
@@ -227,12 +229,12 @@ class EmulatedDeviceStepGpuOp : public EmulatedDeviceStepBase {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& images = ctx->input(0);
     OP_REQUIRES_ASYNC(ctx, images.dims() >= 1,
-                      errors::InvalidArgument("images must have a batch dimension, got shape ",
-                                              images.shape().DebugString()),
+                      absl::InvalidArgumentError(absl::StrCat("images must have a batch dimension, got shape ",
+                                                              images.shape().DebugString())),
                       done);
     tensorflow::DeviceContext* device_context = ctx->op_device_context();
     stream_executor::Stream* stream = device_context != nullptr ? device_context->stream() : nullptr;
-    OP_REQUIRES_ASYNC(ctx, stream != nullptr, errors::Internal("EmulatedDeviceStep on a GPU found no GPU stream"),
+    OP_REQUIRES_ASYNC(ctx, stream != nullptr, absl::InternalError("EmulatedDeviceStep on a GPU found no GPU stream"),
                       done);
     const int64_t batch = images.dim_size(0);
     const uint64_t nbytes = images.TotalBytes();
@@ -263,8 +265,8 @@ class EmulatedDeviceStepGpuOp : public EmulatedDeviceStepBase {
       FinishAt(schedule->Deadline(Clock::now(), batch), std::move(*shared_done), /*here=*/false);
     });
     if (!queued.ok()) {
-      ctx->SetStatus(errors::Internal("EmulatedDeviceStep: queueing the step on the GPU stream failed: ",
-                                      queued.ToString()));
+      ctx->SetStatus(absl::InternalError(
+          absl::StrCat("EmulatedDeviceStep: queueing the step on the GPU stream failed: ", queued.ToString())));
       (*shared_done)();
     }
   }
