@@ -237,13 +237,19 @@ def test_producer_skips_the_refused_file_and_decodes_the_huge_one(procs, ipc_dir
     shutil.copytree(photos / "n00000000", data / "a")
     shutil.copy(huge / "16k.jpg", data / "a" / "16k.jpg")
     shutil.copy(huge / "12k-progressive.jpg", data / "a" / "12k-progressive.jpg")
+    assert "12k-progressive.jpg: progressive JPEG of 12000x12000 needs" in one_bad_file_run(procs, ipc_dir, data)
+
+
+def one_bad_file_run(procs, ipc_dir, data: Path) -> str:
+    """3 batches of 64 decoded from the folder `data` by a producer process: its stderr, after checking that
+    it counted one bad file."""
     endpoint = f"ipc://{ipc_dir}/feed"
     with PullConsumer(endpoint, recv_timeout=60) as c:
         p = procs.start(*producer_command("decode", endpoint, 6, 64, str(data), 1, count=3)[1:])
         batches = [c.recv() for _ in range(3)]
     assert p.wait(60) == 0
     assert batches[-1].header.extras["bad_files"] == 1
-    assert "12k-progressive.jpg: progressive JPEG of 12000x12000 needs" in p.stderr.read()
+    return p.stderr.read()
 
 
 def on_tmpfs(path: Path) -> bool:
@@ -512,10 +518,5 @@ def test_producer_counts_the_scan_bomb_as_bad_with_its_name(procs, ipc_dir, tmp_
     data = tmp_path / "ds"
     shutil.copytree(photos / "n00000000", data / "a")
     (data / "a" / "bomb.jpg").write_bytes(scan_bomb(progressive["grey"], 2000))
-    endpoint = f"ipc://{ipc_dir}/feed"
-    with PullConsumer(endpoint, recv_timeout=60) as c:
-        p = procs.start(*producer_command("decode", endpoint, 6, 64, str(data), 1, count=3)[1:])
-        batches = [c.recv() for _ in range(3)]
-    assert p.wait(60) == 0
-    assert batches[-1].header.extras["bad_files"] == 1
-    assert "bomb.jpg: JPEG has 2002 scans, more than 100 (a scan bomb?): refused" in p.stderr.read()
+    err = one_bad_file_run(procs, ipc_dir, data)
+    assert "bomb.jpg: JPEG has 2002 scans, more than 100 (a scan bomb?): refused" in err
