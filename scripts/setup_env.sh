@@ -49,7 +49,13 @@ fi
 # A pip configuration that names package folders this machine does not have makes pip warn about each one
 # for every package (over a hundred lines): those folders are left out of this set-up's pip runs, said once.
 eval "$("$VENV/bin/python" scripts/pip_locations.py)"
-pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# A configured local index (a file:// extra-index-url) that lacks a package makes pip warn "Location '...' is
+# ignored" once per package it looks up there: lines nobody can act on, dropped; every other line is kept.
+pip_install() {
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" \
+    2> >(grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$" >&2)
+}
+pip=(pip_install)
 "${pip[@]}" --upgrade pip setuptools wheel
 
 # TensorFlow: the `tensorflow` wheel everywhere. It carries the CUDA kernels and runs without a GPU, so

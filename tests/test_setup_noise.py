@@ -131,3 +131,41 @@ def test_the_filter_drops_only_the_noise_and_loses_nothing_when_the_process_dies
         assert done.returncode == 3 and lines[-1] == "the last words before dying", done.stderr
     else:
         assert done.returncode == 0 and lines[-1] == "after the filter", done.stderr
+
+
+def _setup_pip_install() -> str:
+    """scripts/setup_env.sh's own `pip_install` function, as its text (run below in a scratch shell)."""
+    text = SETUP.read_text()
+    start = text.index("pip_install() {")
+    return text[start : text.index("\n}\n", start) + 3]
+
+
+def test_a_local_index_that_lacks_a_package_gives_no_warning_per_package(tmp_path):
+    """A file:// index folder that exists but holds no folder for a package: pip warns for each package it
+    looks up there (a fresh set-up printed over a hundred such lines); set-up's pip drops them, keeps errors."""
+    links, index, other = tmp_path / "links", tmp_path / "index", tmp_path / "other-index"
+    links.mkdir()
+    other.mkdir()  # there, but without an fbdemo/ folder
+    (index / "fbdemo").mkdir(parents=True)
+    (index / "fbdemo" / "index.html").write_text("<html><body></body></html>\n")
+    _wheel(links)
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nindex-url = file://{index}\nfind-links = {links}\nextra-index-url = file://{other}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=str(conf), VENV=str(Path(sys.executable).parent.parent))
+    args = "--dry-run --no-deps --report - fbdemo"
+    plain = f'"{sys.executable}" -m pip install -q --disable-pip-version-check {args}'
+    runs = {
+        name: subprocess.run(
+            ["bash", "-c", f"set -euo pipefail; {script}"], env=env, capture_output=True, text=True, timeout=120
+        )  # fmt: skip
+        for name, script in (
+            ("setup", f"{_setup_pip_install()}pip_install {args}; pip_install no-such-package-fb || true"),
+            ("plain", plain),
+        )
+    }
+    assert runs["plain"].stderr.count("is ignored") >= 1, runs["plain"].stderr  # what set-up printed before
+    done = runs["setup"]
+    assert done.returncode == 0 and '"name": "fbdemo"' in done.stdout, done.stderr
+    assert "is ignored" not in done.stderr, done.stderr
+    assert "no-such-package-fb" in done.stderr  # pip's own errors still reach the user
