@@ -286,9 +286,10 @@ def _within_cores(rows: list[dict], cores: int) -> None:
     """No row holds more CPU than the machine has cores: the kernel counts CPU time in ticks (10 ms), so
     a second's readings of many processes can round up past it; such a row's stages are scaled to fit."""
     for r in rows:
-        total = sum(s["cpu_cores"] for s in r["stages"].values())
+        cpu = [s for s in r["stages"].values() if "cpu_cores" in s]  # a GPU's row (profiler/gpu_state.py) has none
+        total = sum(s["cpu_cores"] for s in cpu)
         if total > cores:
-            for s in r["stages"].values():
+            for s in cpu:
                 s["cpu_cores"] *= cores / total
 
 

@@ -27,7 +27,7 @@ END=$(($(date +%s) + BUDGET))
 export PYTHONUNBUFFERED=1
 RESERVE_S=10  # the last lines: what was left behind, the archive
 # Each step's share of the budget (the capacity search and the headline's alternated runs take the most).
-declare -A WEIGHTS=([env]=4 [bandwidth]=4 [headline]=23 [shm]=10 [input-only]=10 [real-data]=25 [check]=14 [capacity]=35)
+declare -A WEIGHTS=([env]=5 [bandwidth]=5 [headline]=23 [shm]=10 [input-only]=10 [real-data]=25 [check]=12 [capacity]=30)
 FED=python-queue,python-dataset,zmq-consume  # the paths measured: every default one but cpu
 
 # The ResNet-50 runs: 1 GPU, batch 256, mixed precision, channels-last, 8 producer processes.

@@ -288,6 +288,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # many short modules fill the workers' last minutes, instead of one long module running on alone at the end.
 LONGEST_MODULES = (
     "test_loader", "test_gpu_decode", "test_hostile", "test_bench_input", "test_schema", "test_shm", "test_torch_trainer",
+    "test_fuzz_native", "test_tf_data_service", "test_loader_processes", "test_outputs",
     "test_standalone_producer", "test_producer_waits", "test_torch_reliability", "test_capacity_results",
     "test_tune", "test_gpu_kernels", "test_cli_failures", "test_mismatch", "test_soak", "test_models",
 )  # fmt: skip

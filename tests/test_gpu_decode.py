@@ -43,9 +43,9 @@ def test_read_producers_send_each_file_once_per_pass_as_it_is(transport, folder,
     leaks = ShmLeaks(endpoint.removeprefix("shm://")) if transport == "shm" else None
     files, labels, _ = list_images(folder)
     with PullConsumer(endpoint, True, 4, 30.0) as consumer:
-        for shard in ("0/2", "1/2"):  # two producers share one pass over the folder
+        for pid, shard in enumerate(("0/2", "1/2")):  # two producers, ids of their own, share one pass
             procs.start("-m", "producers", "read", "--endpoint", endpoint, "--data", str(folder), "--batch", "4",
-                        "--shard", shard, "--count", "2", "--quiet")  # fmt: skip
+                        "--shard", shard, "--count", "2", "--producer-id", str(pid), "--quiet")  # fmt: skip
         seen = []
         for _ in range(4):
             batch = consumer.recv()
@@ -56,7 +56,8 @@ def test_read_producers_send_each_file_once_per_pass_as_it_is(transport, folder,
                 assert label == labels[i]
             seen += indices.tolist()
         assert sorted(seen) == list(range(len(files)))  # every file once
-        assert all(row["lost"] == 0 and row["duplicated"] == 0 for row in consumer.tracker.table())
+        table = consumer.tracker.table()
+        assert all(row["lost"] == 0 and row["duplicated"] == 0 for row in table), table
     for p in procs.started:
         assert p.wait(timeout=30) == 0, p.stderr.read()
     if leaks is not None:

@@ -32,7 +32,7 @@ def test_run_log_starts_with_the_commit_measured(tmp_path):
 def test_the_wanted_steps_caps_add_up_to_the_budget_at_most(tmp_path, budget):
     script = SCRIPT.read_text()
     weights = dict(re.findall(r"\[([a-z-]+)\]=(\d+)", script.split("declare -A WEIGHTS=")[1].splitlines()[0]))
-    assert set(weights) == {"env", "bandwidth", "headline", "shm", "input-only", "check", "capacity"}
+    assert set(weights) == {"env", "bandwidth", "headline", "shm", "input-only", "real-data", "check", "capacity"}
     _, got = caps(tmp_path / "b", budget, "env,bandwidth")
     assert set(got) == {"env", "bandwidth"} and sum(got.values()) <= budget - 10  # RESERVE_S for the last lines
     total = sum(int(w) for w in weights.values())

@@ -103,6 +103,8 @@ def test_the_stage_table_and_the_tune_limit_say_a_tie_when_the_stages_tie():
             {"name": "RandomResizedCrop", "seconds_per_sample": 0.888e-3, "share": 0.444},
         ],
         "tied_with_slowest": ["decode"],
+        "shares_sum": 0.886,  # what the stages explain of a sample's 2.0 ms (core/loader_stages.py)
+        "seconds_per_sample": 2.0e-3,
     }
     limit = tune_report._limit({"cpu_cores": 1.9}, stages, 2)
     check_at(limit, "#/$defs/loader_tune/properties/shortfall/oneOf/1/properties/limit")

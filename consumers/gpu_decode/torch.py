@@ -31,6 +31,7 @@ from core.errors import InputError
 from core.images.decoders import random_resized_crop_box
 from core.images.files import list_images
 from core.registry import batch_maker_of, register
+from feeders.torch import to_device
 from profiler.telemetry import DescribedStage, SampledQueue
 from wire import strings
 
@@ -201,7 +202,9 @@ class GpuDecode(PythonQueue):
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                     names = [f"{cfg.data}/{self.files[i]}" for i in indices]
                     images = augment(decode_batch(items, device, names), cfg.image_size, rng)
-                    labels_t = torch.from_numpy(labels.astype(np.int64)).to(device, non_blocking=False)
+                    host = torch.from_numpy(labels.astype(np.int64))
+                    # Through the one pinned check every path copies by (feeders/torch.py to_device).
+                    labels_t = to_device([host.pin_memory() if device.type == "cuda" else host], device)[0]
                     done = torch.cuda.Event() if stream is not None else None
                     if done is not None:
                         done.record(stream)
