@@ -237,10 +237,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     """The data engines that make batches in processes of their own, here or on other hosts (docs/engines.md)."""
     from consumers.tf_data_service.path import MODES
     from core.cli_types import positive_int
+    from core.config import BenchConfig
 
     g = p.add_argument_group("engines (--fake-location tf-data-service)")
     g.add_argument(
-        "--service-workers", type=positive_int, default=2,
+        "--service-workers", type=positive_int, default=BenchConfig.service_workers,
         help="tf-data-service: worker processes the run starts, with a dispatcher, on 127.0.0.1",
     )  # fmt: skip
     g.add_argument(
