@@ -19,7 +19,7 @@ from zmq.utils import monitor
 from consumers.accounting import SeqTracker
 from core.errors import ConfigError
 from wire import curve, message, shm
-from wire.endpoints import EndpointError, attach, release
+from wire.endpoints import EndpointError, attach, release, wait_released
 
 IO_THREADS_ENV = "FEEDBENCH_ZMQ_IO_THREADS"
 MAX_IO_THREADS = 64  # each I/O thread reads about 2 GB/s: 64 read more than any machine's network or memcpy
@@ -204,10 +204,7 @@ class PullConsumer:
             self._slots.close()
         if self._bound:  # libzmq leaves a bound ipc socket's file behind
             release(self.endpoint, bind=True)
-            if shm.is_shm(self.endpoint):  # ZMQ closes sockets in its I/O thread: the name is free once it has
-                deadline = time.monotonic() + 2.0
-                while shm.served(self.endpoint) and time.monotonic() < deadline:
-                    time.sleep(0.005)
+            wait_released(self.endpoint)  # the next path binds the same address at once
             self._bound = False
         if self._auth is not None:
             self._auth.stop()

@@ -9,10 +9,13 @@ consumer's and the native receiver's, keep this rule.
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 
 from consumers.zmq_pull import PullConsumer
+from wire.endpoints import free_tcp_port
 from zmq_ops.receiver import Receiver
 
 BATCH, SIZE = 2, 4
@@ -53,3 +56,19 @@ def test_a_later_consumer_of_a_standalone_producer_counts_no_loss(procs, ipc_dir
     # The native receiver's threads take batches ahead of the ones handed out: at least SECOND_RUN arrived.
     assert got[0] >= SECOND_RUN and got[1:] == (0, 0, 0), got
     assert producer.poll() is None, producer.stderr.read()
+
+
+def test_a_closed_python_consumer_leaves_its_tcp_port_free_for_the_next_bind() -> None:
+    """A run's paths bind one endpoint in turn: python-dataset's socket, then the native op's.
+
+    ZMQ closes a socket in its I/O thread after `close` returns; a bind right
+    after it, as libzmq binds (SO_REUSEADDR), must not find the port in use.
+    """
+    for _ in range(20):
+        port = free_tcp_port()
+        with PullConsumer(f"tcp://127.0.0.1:{port}", recv_timeout=60):
+            pass
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()

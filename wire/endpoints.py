@@ -14,6 +14,7 @@ import random
 import socket
 import stat
 import sys
+import time
 
 import zmq
 
@@ -159,6 +160,38 @@ def release(endpoint: str, bind: bool) -> None:
             os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def listening(endpoint: str) -> bool:
+    """True while a socket still listens at a tcp:// or shm:// endpoint this process bound and closed.
+
+    ZMQ closes a socket in its I/O thread, after `close` returns: until then
+    the next bind of the same address (the next path of a run) is refused.
+    """
+    scheme, addr = split(endpoint)
+    if scheme == "shm":
+        return shm.served(endpoint)
+    if scheme != "tcp" or ":" not in addr:
+        return False
+    host, port = addr.rsplit(":", 1)
+    host = {"*": "0.0.0.0"}.get(host, host.strip("[]"))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZMQ binds: a TIME_WAIT port is free
+        try:
+            s.bind((host, int(port)))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+        except ValueError:
+            return False
+    return False
+
+
+def wait_released(endpoint: str, seconds: float = 2.0) -> None:
+    """Return once a closed socket no longer listens at `endpoint` (or after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while listening(endpoint) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def check_reachable(endpoint: str) -> str:
