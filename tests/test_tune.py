@@ -201,7 +201,7 @@ def test_the_printed_setting_delivers_its_rate_within_its_interval_in_a_plain_lo
 
 
 def test_a_tf_data_pipeline_is_tuned_over_the_settings_its_callable_takes(data, tmp_path):
-    doc, text = tune(TF_DATA, data, "--target-rate", "1e9", "--loader-workers", "2", "--loader-seconds", "0.5",
+    doc, text = tune(TF_DATA, data, "--target-rate", "1e9", "--loader-workers", "2", "--loader-seconds", "1.5",
                      "--no-stages", json_path=tmp_path / "t.json")  # fmt: skip
     tu = doc["tune"]
     assert tu["kind"] == "tf.data" and tu["not_tried"] == [] and tu["chosen"] is None
@@ -213,13 +213,13 @@ def test_a_tf_data_pipeline_is_tuned_over_the_settings_its_callable_takes(data, 
 
 
 def test_a_dataflow_is_tuned_over_its_processes_and_its_line_calls_the_callable(data, tmp_path):
-    doc, text = tune(DATAFLOW, data, "--target-rate", "1", "--loader-seconds", "0.5", json_path=tmp_path / "t.json")
+    doc, text = tune(DATAFLOW, data, "--target-rate", "1", "--loader-seconds", "2", json_path=tmp_path / "t.json")
     tu = doc["tune"]
     assert tu["kind"] == "dataflow" and [t["setting"] for t in tu["tried"]] == [{"num_proc": 0}]
     assert tu["chosen"]["line"] == f"make_dataflow(data={data!r}, batch_size=4, image_size=32, num_proc=0)"
     assert tu["chosen"]["line"] in text
     # A demand it cannot meet: num_proc 0 and 1 (up to --loader-workers), each measured.
-    doc, text = tune(DATAFLOW, data, "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "0.5",
+    doc, text = tune(DATAFLOW, data, "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "1.5",
                      "--no-stages", json_path=tmp_path / "t2.json")  # fmt: skip
     assert [t["setting"] for t in doc["tune"]["tried"]] == [{"num_proc": 0}, {"num_proc": 1}]
     assert all(t["images_per_sec"] > 0 for t in doc["tune"]["tried"])
