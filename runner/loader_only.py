@@ -42,6 +42,7 @@ from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
 from profiler.uncertainty import BOUNDARY_BATCHES, median_interval, not_measured, window_rate
 from runner import shutdown
+from runner.folder_reaper import FolderReaper
 
 # Per worker, in shared memory: batches so far, images in the window, window start, last batch end, images so far.
 _FIELDS = 5
@@ -431,13 +432,15 @@ def _point(workers: int, wall: float, cpu0: dict, cpu1: dict, slices: dict) -> d
 
 @contextlib.contextmanager
 def private_tmpdir() -> Iterator[str]:
-    """TMPDIR for the workers: a folder of the sweep's own, removed at the end or on Ctrl-C/SIGTERM, and by the
-    workers themselves where this process was killed (SIGKILL: `_exit_on_sigterm`).
+    """TMPDIR for the workers: a folder of the sweep's own, removed at the end or on Ctrl-C/SIGTERM, by the
+    workers themselves where this process was killed (SIGKILL: `_exit_on_sigterm`), and by a watcher outside
+    the run's group where everything was killed at once (runner/folder_reaper.py).
 
     A worker stopped mid-way, and its DataLoader's worker processes, leave
     multiprocessing's pymp-* folders (and whatever the loader wrote there) behind.
     """
     folder = tempfile.mkdtemp(prefix="fb-")  # short: sockets go in it, and their paths are limited
+    reaper = FolderReaper(folder)  # and where the run and its processes were all killed at once
     before = {k: os.environ.get(k) for k in ("TMPDIR", RUN_TMPDIR_ENV)}
 
     def remove() -> None:
@@ -456,6 +459,7 @@ def private_tmpdir() -> Iterator[str]:
             else:
                 os.environ[k] = v
         remove()
+        reaper.close()
 
 
 def sweep(opts: Options, counts: list[int], progress=None, timeline: Timeline | None = None) -> list[dict]:

@@ -7,6 +7,7 @@ process gone), never a fixed time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -187,6 +188,24 @@ def test_sigkill_of_the_run_during_tune_leaves_no_tmpdir_and_no_process(tmp_path
     wait_for(lambda: grandchildren(p.pid), "DataLoader worker")
     assert [f.name[:3] for f in tmp.iterdir()] == ["fb-"]
     p.kill()
+    p.wait(60)
+    wait_for(lambda: not any(tmp.iterdir()), "removal of TMPDIR/fb-*", 60)
+    assert left_in_session(p.pid) == []
+
+
+def test_sigkill_of_the_runs_whole_group_during_tune_leaves_no_tmpdir(tmp_path, short_tmp):
+    """Every process of the run killed at once (the OOM killer, `kill -9` of each of its groups; between two
+    settings the run's own process is all there is): none can remove the run's private TMPDIR (fb-*), yet it
+    goes."""
+    tmp = short_tmp
+    p = loader_run(tmp_path, tmp, SLOW_SAMPLES, "--tune", "--target-rate", "1e9", "--loader-workers", "1",
+                        "--loader-seconds", "1")  # fmt: skip
+    wait_for(lambda: grandchildren(p.pid), "DataLoader worker")
+    assert [f.name[:3] for f in tmp.iterdir()] == ["fb-"]
+    for proc in psutil.process_iter():  # the run's session: its own group and each loader process's group
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(proc.pid) == p.pid:
+                proc.kill()
     p.wait(60)
     wait_for(lambda: not any(tmp.iterdir()), "removal of TMPDIR/fb-*", 60)
     assert left_in_session(p.pid) == []
