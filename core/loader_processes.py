@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import signal
+import sys
 import threading
 
 import psutil
@@ -66,6 +67,33 @@ def stop_all(grace: float = 2.0) -> list[str]:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # workers' ends (core/loader_spec.py stop_children)
     procs = descendants()
     note_stopping([p.pid for p in procs])
+    _stop(procs, grace)
+    left = list(_left)
+    _left.clear()
+    return left
+
+
+def stop_started(grace: float = 2.0) -> list[str]:
+    """Stop only what the loader's callable started (and what those started), in a process that also runs
+    other things and so cannot stop everything below it: a trainer, whose `loader` path made the loader in its
+    own process. The words of those still running, as `stop_all` gives them."""
+    procs: list[psutil.Process] = []
+    for pid, (started, _) in list(_by_callable.items()):
+        if not _same(pid, started):
+            _by_callable.pop(pid)
+            continue
+        with contextlib.suppress(psutil.Error):
+            top = psutil.Process(pid)
+            procs += [top, *top.children(recursive=True)]
+    note_stopping([p.pid for p in procs])
+    _stop(procs, grace)
+    left = list(_left)
+    _left.clear()
+    return left
+
+
+def _stop(procs: list[psutil.Process], grace: float) -> None:
+    """SIGTERM to each of `procs`, SIGKILL to those still running after `grace` s."""
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.terminate()
@@ -74,9 +102,22 @@ def stop_all(grace: float = 2.0) -> list[str]:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(alive, timeout=grace)
-    left = list(_left)
-    _left.clear()
-    return left
+
+
+_said: set[str] = set()
+
+
+def say_left(name: str, left: list[str]) -> None:
+    """One line for the processes a loader's callable started and left running (stopped since), once per run."""
+    words = "; ".join(w for w in left if w.partition(" (")[2] not in _said)
+    _said.update(w.partition(" (")[2] for w in left)
+    if words:
+        print(
+            f"note: loader {name}: its callable started processes that were still running when the loader was "
+            f"done: {words}; feedbench stopped them (a training loop that makes this loader leaves them running)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _running(p: psutil.Process) -> bool:

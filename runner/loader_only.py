@@ -127,22 +127,6 @@ def _exit_on_sigterm(run: int) -> None:
     os._exit(0)
 
 
-_said: set[str] = set()
-
-
-def say_left(name: str, left: list[str]) -> None:
-    """One line for the processes a loader's callable started and left running (stopped since), once per run."""
-    words = "; ".join(w for w in left if w.partition(" (")[2] not in _said)
-    _said.update(w.partition(" (")[2] for w in left)
-    if words:
-        print(
-            f"note: loader {name}: its callable started processes that were still running when the loader was "
-            f"done: {words}; feedbench stopped them (a training loop that makes this loader leaves them running)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
 def release_queues(timeout: float = 2.0) -> None:
     """Let the loader's multiprocessing queues go before an exit that runs no finaliser.
 
@@ -293,7 +277,7 @@ def stop_trees(procs: list, readers: list[Connection], stop, name: str) -> None:
             while r.poll(0):
                 kind, body = r.recv()
                 if kind == "left":
-                    say_left(name, body)
+                    loader_processes.say_left(name, body)
         r.close()
     for k in kids:
         with contextlib.suppress(psutil.Error):
@@ -399,7 +383,7 @@ def _check_workers(opts: Options, procs: list, readers: list[Connection]) -> Non
             readers.remove(r)
             continue
         if kind == "left":
-            say_left(opts.spec.name, text)
+            loader_processes.say_left(opts.spec.name, text)
             continue
         raise LoaderError(text)
     for i, p in enumerate(procs):
@@ -626,6 +610,6 @@ def messages(name: str, proc, reader: Connection, what: str = "the epoch process
         if kind == "done":
             return
         if kind == "left":
-            say_left(name, body)
+            loader_processes.say_left(name, body)
             continue
         yield kind, body

@@ -95,6 +95,30 @@ def test_processes_a_loader_s_callable_starts_are_stopped_and_named_in_every_mod
     assert os.listdir(folder)  # the servers did run
 
 
+@pytest.mark.parametrize("framework", ["tf", "torch"])
+def test_processes_a_loader_s_callable_starts_are_stopped_and_named_after_a_trainer_run(tmp_path, framework):
+    """The `loader` path makes the loader in the trainer's own process (as a training script does): what its
+    callable started is stopped when the path ends and named in one note, and the run leaves nothing behind
+    (the cache server used to outlive the run, holding its output pipes open)."""
+    (tmp_path / "cache_loader.py").write_text(CACHE_SERVER)
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    p = start(
+        "bench_input.py", "--framework", framework, "--loader", f"{tmp_path}/cache_loader.py:make",
+        "--loader-arg", f"folder={folder}", "--fake-location", "loader", "--input-only", "--num-gpus", "1",
+        "--batch", "4", "--image-size", "8", "--warmup-steps", "1", "--steps", "2", "--repeats", "1",
+    )  # fmt: skip
+    code, out, err = finish(p, 240)
+    assert code == 0, err[-3000:]
+    notes = [ln for ln in err.splitlines() if "its callable started processes" in ln]
+    assert len(notes) == 1, err[-3000:]
+    assert "multiprocessing.Process 'cache-server'" in notes[0] and "sleep 600" in notes[0]
+    started = [int(f.name.split("-")[1]) for f in folder.iterdir()]
+    assert any(f.name.startswith("mp-") for f in folder.iterdir()), started
+    assert [pid for pid in started if running(pid)] == []
+    assert left_in_session(p.pid) == []
+
+
 # A DataLoader with two worker processes over samples that take 0.25 s each: a worker's first batch comes after a
 # second, and an orphaned worker that finishes it then wants a folder in the run's TMPDIR for sending it.
 SLOW_SAMPLES = """

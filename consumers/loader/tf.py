@@ -14,6 +14,7 @@ from tensorpack.input_source import InputSource, TFDatasetInput
 
 from consumers.loader.path import PATH
 from consumers.tf_half import TFInputPath
+from core import loader_processes
 from core.loader_spec import LoaderError, LoaderSpec, batches, kind_of
 from core.registry import register
 from frameworks.tf_env import import_tf
@@ -59,6 +60,10 @@ class UserLoader(TFInputPath):
 
     def failure(self) -> str | None:
         return self._failure
+
+    def close(self) -> None:
+        # What the callable started (a cache server) is stopped with the path and named, as in every mode.
+        loader_processes.say_left(self.cfg.loader, loader_processes.stop_started())
 
     @staticmethod
     def _in_graph(spec: LoaderSpec, ds, images_spec, labels_spec):

@@ -19,6 +19,7 @@ import torch
 
 from consumers.loader.path import PATH
 from consumers.torch_half import RankContext, TorchInputPath, labels_of
+from core import loader_processes
 from core.loader_spec import (
     Batcher,
     LoaderError,
@@ -100,10 +101,14 @@ class UserLoader(TorchInputPath):
     def close(self) -> None:
         if self.prefetch is not None:
             self.prefetch.close()
-            return
-        if self.it is not None:
-            self.it.close()  # the pumping thread stops at its next batch
-        for it in self.passes:
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+        else:
+            if self.it is not None:
+                self.it.close()  # the pumping thread stops at its next batch
+            for it in self.passes:
+                shutdown = getattr(it, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
+        # What the callable started (a cache server) is stopped with the path, in every rank; rank 0 names it.
+        left = loader_processes.stop_started()
+        if getattr(self, "ctx", None) is None or self.ctx.rank == 0:
+            loader_processes.say_left(self.cfg.loader, left)
