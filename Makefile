@@ -8,8 +8,8 @@ BENCH_ARGS ?= --bench --out results
 # The suite runs in two phases. First every test but the `timing` ones, on every core the machine gives it
 # plus one (pytest-xdist): many tests spend their time waiting on processes they started, and the extra
 # worker fills that wait. A test module stays on one worker so its module-wide fixtures (built graphs, a
-# baseline run) are made once; the longest modules are handed out first (tests/conftest.py), so no long
-# one is left running alone at the end. Then the `timing` tests, which compare rates, ratios or CPU shares,
+# baseline run) are made once; the longest modules (tests/durations.json, `make durations`) are handed out
+# first, so no long one is left running alone at the end. Then the `timing` tests, which compare rates, ratios or CPU shares,
 # one at a time with nothing of the suite beside them (tests/conftest.py skips them under parallel workers
 # and measures one again, a bounded number of times, when the machine's other work spoiled it).
 # TEST_ARGS=-n0 runs the first phase serially too.
@@ -20,7 +20,7 @@ TIMING_ARGS ?= -n0 --durations=10
 # imports both frameworks for nothing.
 TIMING_FILES := $(shell grep -l "mark\.timing" tests/test_*.py)
 
-.PHONY: install op bench test gpu-check lint fuzz fuzz-asan soak clean
+.PHONY: install op bench test durations gpu-check lint fuzz fuzz-asan soak clean
 
 install: $(STAMP) op
 
@@ -44,6 +44,11 @@ test: install
 	echo "make test: the timing tests, alone"; \
 	$(PY) -m pytest $(TIMING_ARGS) -m timing $(TIMING_FILES) || status=$$?; \
 	exit $$status
+
+# Records each test module's seconds in the first phase into tests/durations.json, which orders the modules
+# (longest first) in later runs: run it after adding or changing long tests, and commit the file.
+durations: install
+	$(PY) -m pytest $(TEST_ARGS) -m "not timing" --record-durations tests/durations.json
 
 # On a machine with GPUs: placement, bandwidth and a short run of both trainers (docs/gpu.md).
 gpu-check: install

@@ -271,6 +271,8 @@ def _measured_alone(test: Callable[..., object], name: str) -> Callable[..., obj
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if path := config.getoption("--record-durations", None):
+        _record_to.append(Path(path))
     config.addinivalue_line(
         "markers", f"timing: compares rates, ratios or CPU shares; runs only alone (make test: {SERIAL_PHASE})"
     )
@@ -283,21 +285,41 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-# The modules that take longest under `make test`'s parallel workers (seconds of their tests, 2 cores, -n 3),
-# longest first. Handed out first (with --no-loadscope-reorder, as make test runs), they end early and the
-# many short modules fill the workers' last minutes, instead of one long module running on alone at the end.
-LONGEST_MODULES = (
-    "test_loader", "test_gpu_decode", "test_hostile", "test_bench_input", "test_schema", "test_shm", "test_torch_trainer",
-    "test_fuzz_native", "test_tf_data_service", "test_loader_processes", "test_outputs",
-    "test_standalone_producer", "test_producer_waits", "test_torch_reliability", "test_capacity_results",
-    "test_tune", "test_gpu_kernels", "test_cli_failures", "test_mismatch", "test_soak", "test_models",
-)  # fmt: skip
+# Seconds of each module's tests under `make test`'s parallel workers, as `make durations` recorded them
+# (`--record-durations`). Handed out longest first (with --no-loadscope-reorder, as make test runs), the long
+# modules end early and the many short ones fill the workers' last minutes, instead of one long module running
+# on alone at the end. A module not recorded yet goes first of all: it may be a long one.
+DURATIONS = Path(__file__).with_name("durations.json")
+_recorded: dict[str, float] = {}
+_record_to: list[Path] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations", metavar="PATH", help="write each test module's seconds (setup, call, teardown) to PATH"
+    )
 
 
 def _longest_first(items: list[pytest.Item]) -> None:
-    """Stable-sort `items` so that LONGEST_MODULES come first, in that order; a module's own order is kept."""
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+    """Stable-sort `items` by their module's recorded seconds, longest first; a module's own order is kept."""
+    try:
+        seconds = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        seconds = {}
+    items.sort(key=lambda item: -seconds.get(item.path.stem, float("inf")))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _record_to:
+        module = Path(report.nodeid.split("::")[0]).stem
+        _recorded[module] = _recorded.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The recorded seconds, longest first, written once by the process that saw every report (not a worker)."""
+    if _record_to and not hasattr(session.config, "workerinput"):
+        ranked = dict(sorted(((m, round(s, 1)) for m, s in _recorded.items()), key=lambda kv: -kv[1]))
+        _record_to[0].write_text(json.dumps(ranked, indent=1) + "\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
