@@ -3,12 +3,13 @@
 A path object is made per run. `build` gives the tensorpack InputSource the
 trainer reads each tower's batch from (wrapped in a StagingArea per device
 unless the path says its data is already there); `open` binds what must be
-bound before producers start; `callbacks` give it its own monitoring, and the
-stage contract of core.registry.InputPath (`counters`, `sampled_stages`,
-`producer_figures`, `result_fields`) is how it reports raw state, which
-profiler.telemetry.stage_figures turns into figures; `close` releases what it opened.
-Paths with producers take the run's endpoint and read their producers'
-figures from the ProducerGroup the run gives them (`producers`).
+bound before producers start; `start` starts what it feeds from and `stop`
+stops it (its producers, as a PyTorch rank's path does); `callbacks` give it
+its own monitoring, and the stage contract of core.registry.InputPath
+(`counters`, `sampled_stages`, `producer_figures`, `result_fields`) is how it
+reports raw state, which profiler.telemetry.stage_figures turns into figures;
+`close` releases what it opened. Paths with producers take the run's
+endpoint and read their producers' figures from their group (`producers`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tensorpack.input_source import InputSource
 from core.registry import InputPath
 from feeders.tf import Staging
 from profiler.telemetry import stats_file_figures
-from runner.producer_group import ProducerGroup
+from runner.producer_group import ProducerGroup, start_producers
 
 NUM_CLASSES = 1000
 
@@ -37,7 +38,7 @@ class TFInputPath(InputPath):
         super().__init__(cfg)
         self.endpoint = endpoint
         self.staging: Staging | None = None
-        self.producers: ProducerGroup | None = None  # set by the run once it has started them
+        self.producers: ProducerGroup | None = None  # what `start` started
 
     # --- building the graph ----------------------------------------------------------------------
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:
@@ -55,6 +56,21 @@ class TFInputPath(InputPath):
     # --- running ---------------------------------------------------------------------------------
     def open(self) -> None:
         """Bind what producers connect to, before they start (the Python paths' sockets)."""
+
+    def start(self, folder: str | None) -> ProducerGroup | None:
+        """Start what the path feeds from, once `open` has bound what it connects to: the run's producers
+        (their stats files in `folder`), as a PyTorch rank's path starts its share (consumers/torch_half.py).
+        A path that starts processes of its own instead (tf-data-service) has them in `producers` by now."""
+        if self.needs_producers:
+            self.producers = start_producers(self.cfg, self.endpoint, folder)
+            if self.producers is not None:  # a feeding thread waiting for a batch stops waiting when one fails
+                self.producers.on_failure(self.interrupt)
+        return self.producers
+
+    def stop(self) -> None:
+        """Stop what `start` started, before `close` releases the sockets it fed."""
+        if self.producers is not None:
+            self.producers.stop()
 
     def callbacks(self) -> list[Callback]:
         """Callbacks the path needs in the training session (its own counters, checks)."""

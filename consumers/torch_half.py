@@ -109,31 +109,22 @@ class ProducerFed(TorchInputPath):
     group = None
 
     def start(self, endpoints: list[str]) -> None:
-        self._reported: set[int] = set()
         self.producer_ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
         gpu = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         gpu = self.ctx.local_rank if gpu is None and self.ctx.device.type == "cuda" else gpu
-        from runner.producer_group import start_producers
+        from runner.producer_group import ProducerWatch, start_producers
 
         ids = self.producer_ids  # the same producer processes and flags as the TensorFlow trainer, a share per rank
         self.group = start_producers(self.cfg, endpoints, self.ctx.tmpdir, ids, [gpu] * len(ids), supervise=False)
+        if self.group is not None:
+            self.watch = ProducerWatch(self.group, self.cfg.on_producer_exit, f"rank {self.ctx.rank}: ")
         if self.group is not None and self.cfg.producer_kind == "dali":  # the rank's own GPU, or the CPU
             self.decoded_on = f"gpu {gpu} (dali producers)" if self.cfg.dali_device == "gpu" else "cpu (dali producers)"
 
     def check(self) -> None:
-        """--on-producer-exit stop: fail naming a dead producer; continue: say so once, fail when none is left."""
-        if self.group is None:
-            return
-        if self.cfg.on_producer_exit == "stop":
-            self.group.check()
-            return
-        exited = self.group.exited()
-        for i, message in exited.items():
-            if i not in self._reported:
-                self._reported.add(i)
-                print(f"  warning: rank {self.ctx.rank}: {message}; continuing with the other producers", flush=True)
-        if len(exited) == len(self.group.procs):
-            self.group.check()
+        """--on-producer-exit, as the TensorFlow trainer applies it (runner/producer_group.py `ProducerWatch`)."""
+        if self.group is not None:
+            self.watch.check()
 
     def stop_producers(self) -> None:
         if self.group is not None:

@@ -238,6 +238,30 @@ class ProducerGroup:
         self.stop()
 
 
+class ProducerWatch:
+    """--on-producer-exit between two steps, the same in either trainer (a TensorFlow callback calls `check`
+    after each step, a PyTorch rank before each). "stop": fail naming the dead producer; "continue": say so
+    once per producer and go on with the others, failing only when none is left."""
+
+    def __init__(self, group: ProducerGroup, on_exit: str, who: str = "") -> None:
+        self.group = group
+        self.on_exit = on_exit
+        self.who = who  # "rank 1: " in a PyTorch run, whose ranks each watch their own share
+        self.reported: set[int] = set()
+
+    def check(self) -> None:
+        if self.on_exit == "stop":
+            self.group.check()
+            return
+        exited = self.group.exited()
+        for i, message in exited.items():
+            if i not in self.reported:
+                self.reported.add(i)
+                print(f"  warning: {self.who}{message}; continuing with the other producers", flush=True)
+        if len(exited) == len(self.group.procs):
+            self.group.check()
+
+
 def run_producer_command(
     cfg: Any, endpoint: str, producer_id: int, stats_file: str, device_id: int | None = None
 ) -> list[str]:

@@ -40,7 +40,7 @@ from profiler.progress import RunProgress
 from profiler.telemetry import add_common_fields
 from profiler.training import base_learning_rate
 from runner import shutdown
-from runner.producer_group import ProducerDied, ProducerGroup, RunDir, start_producers
+from runner.producer_group import ProducerDied, ProducerGroup, ProducerWatch, RunDir
 from wire.endpoints import EndpointError, release
 
 tf = import_tf()
@@ -107,15 +107,14 @@ class _WatchProducers(Callback):
     """Stops training at once when the producer group fails, instead of waiting for a receive timeout.
 
     The group's watcher thread closes the session, which cancels a step
-    blocked on input; the run then reports the producer's own line. With
-    `on_exit="continue"` a dead producer is reported once at the next step
-    and the run trains on with the others, failing only when none is left.
+    blocked on input; the run then reports the producer's own line. Between
+    steps, --on-producer-exit is applied as a PyTorch rank applies it
+    (runner/producer_group.py `ProducerWatch`).
     """
 
     def __init__(self, group: ProducerGroup, on_exit: str) -> None:
         self.group = group
-        self.on_exit = on_exit
-        self.reported: set[int] = set()
+        self.watch = ProducerWatch(group, on_exit)
 
     def _cancel(self) -> None:
         self.trainer.sess.close()
@@ -128,15 +127,7 @@ class _WatchProducers(Callback):
         self.group.remove_on_failure(self._cancel)
 
     def _trigger_step(self) -> None:
-        if self.on_exit == "stop":
-            self.group.check()
-            return
-        for i, message in self.group.exited().items():
-            if i not in self.reported:
-                self.reported.add(i)
-                print(f"  warning: {message}; continuing with the other producers", flush=True)
-        if len(self.reported) == len(self.group.procs):
-            self.group.check()
+        self.watch.check()
 
 
 _ROOT_ERROR = re.compile(r"^\(\d+\) [A-Z_]+: *(.+)$")
@@ -356,20 +347,14 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
                 built.path.open()
             except EndpointError as e:  # taken since the run's check (another process bound it meanwhile)
                 raise InputError(f"{path}: {e}") from None
-            if built.path.needs_producers:
-                group = built.path.producers = start_producers(cfg, built.path.endpoint, run_dir and run_dir.name)
-                if group is not None:  # a feeding thread waiting for a batch stops waiting when one fails
-                    group.on_failure(built.path.interrupt)
-            else:  # a path that starts processes of its own (tf-data-service's dispatcher and workers)
-                group = built.path.producers
+            group = built.path.start(run_dir and run_dir.name)  # what the path feeds from, its own to start
             timer, callbacks = _callbacks(built, group, list(extra_callbacks))
             _train(built, callbacks, has_gpu, group)
             _check_complete(built, timer, group)
             return _result(built, timer, callbacks, opened)
     finally:
-        if group is not None:
-            group.stop()
         if built is not None:
+            built.path.stop()
             built.path.close()
         if run_dir is not None:
             run_dir.remove()
