@@ -54,6 +54,10 @@ def loader_only(loaders: str, tmp_path, *flags: str) -> tuple[dict, str]:
     assert left_in_session(p.pid) == []
     doc = json.loads((out / "loader.json").read_text())
     check_figures(doc)  # every median inside its interval, every interval from measured slices
+    # The timeline beside it draws no second above 10x the loader's true rate either (per worker: 2 at most here).
+    rows = json.loads((out / "timeline.json").read_text())["samples"]
+    drawn = [r["stages"]["loader"]["images_per_sec"] for r in rows if "images_per_sec" in r["stages"]["loader"]]
+    assert max(drawn, default=0.0) <= 10 * TRUE_RATE * max(p["workers"] for p in doc["points"]), drawn
     return doc, text
 
 
