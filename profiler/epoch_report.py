@@ -74,14 +74,20 @@ def _segments(passes: list[dict]) -> list[tuple[float, float, int]]:
     return out
 
 
-def rate_in(segments: list[tuple[float, float, int]], lo: float, hi: float) -> float:
-    """Images per second delivered between `lo` and `hi`."""
-    got = 0.0
+def rate_in(segments: list[tuple[float, float, int]], lo: float, hi: float) -> float | None:
+    """Images per second delivered between `lo` and `hi`, or None where no batch's time falls in it.
+
+    Each batch's images are spread over its own time since the batch before, so one batch covering the whole
+    bin gives its own rate, never a burst over a time near zero: the bin needs one batch, as a window that
+    holds whole batches' time does (profiler/uncertainty.py `window_rate`, STEP_BATCHES).
+    """
+    got, batches = 0.0, 0
     for a, b, n in segments:
         overlap = min(b, hi) - max(a, lo)
         if overlap > 0 and b > a:
             got += n * overlap / (b - a)
-    return got / (hi - lo)
+            batches += 1
+    return window_rate(got, hi - lo, batches, need=STEP_BATCHES)
 
 
 def boundaries(passes: list[dict], steady: float | None) -> list[dict]:
@@ -97,7 +103,8 @@ def boundaries(passes: list[dict], steady: float | None) -> list[dict]:
             for j in steps
             if lo <= last + j * BIN_S and last + (j + 1) * BIN_S <= hi
         ]
-        after = [b for b in bins if b["at_s"] >= 0]  # from the last batch on: the pause and the restart
+        # From the last batch on (the pause and the restart), the bins that measured a rate.
+        after = [b for b in bins if b["at_s"] >= 0 and b["images_per_sec"] is not None]
         slow = min(after, key=lambda b: b["images_per_sec"]) if after else None
         out.append(
             {
@@ -199,6 +206,10 @@ def _epochs_words(numbers: list[int]) -> str:
     return f"epoch {numbers[0]}" if len(numbers) == 1 else f"epochs {numbers[0]}-{numbers[-1]}"
 
 
+def _rate(x: float | None) -> str:
+    return "not measured" if x is None else f"{x:.0f}"
+
+
 def _s(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}"
 
@@ -220,7 +231,7 @@ def run_text(run: dict) -> str:
         out.append(f"steady rate (the median epoch, first batch to last): {steady:.1f} images/s")
     for b in run["boundaries"]:
         k = b["after_epoch"]
-        bins = ", ".join(f"{b_['at_s']:+.0f} s {b_['images_per_sec']:.0f}" for b_ in b["rates_per_sec"])
+        bins = ", ".join(f"{b_['at_s']:+.0f} s {_rate(b_['images_per_sec'])}" for b_ in b["rates_per_sec"])
         line = f"epoch {k} -> {k + 1}: no batch for {b['gap_s']:.2f} s"
         if bins:
             line += f"; images/s per second from epoch {k}'s last batch: {bins}"

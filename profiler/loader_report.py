@@ -42,32 +42,57 @@ def demand_words(d: dict) -> str:
     return f"{d['devices']} x {d['device']} at {d['images_per_sec']:.0f} img/s = {d['total_images_per_sec']:.0f} img/s"
 
 
-def needs(rows: list[dict], demand: Demand, machine_cores: int) -> dict:
-    """The cores the demand needs, one figure in one unit, extrapolated from the largest measured point's images
-    per CPU-second; whether that is more than this machine has. "Enough" only from a measured rate; no point
-    measured: nothing to extrapolate from, and said so."""
-    measured = [r for r in rows if r["images_per_sec"] is not None]
-    base = {"demand_images_per_sec": demand.total, "extrapolated": bool(measured), "machine_cores": machine_cores}
-    if not measured:
+def cores_for(demand_total: float, point: dict | None, best: float | None, machine_cores: int) -> dict:
+    """The cores `demand_total` images/s needs, one figure in one unit, extrapolated from `point`'s images per
+    CPU-second (its `images_per_sec` over its `cpu_cores`), and whether that is more than this machine has:
+    more workers than cores cannot speed up a CPU-bound loader. `best`: the best measured rate, which alone says
+    "enough". `point` None: nothing was measured to extrapolate from, and said so. What --loader-only's
+    `needs` and --tune's shortfall both say (profiler/tune_report.py)."""
+    base = {"demand_images_per_sec": demand_total, "extrapolated": point is not None, "machine_cores": machine_cores}
+    if point is None or best is None:
         return {
-            **base, "measured_best_images_per_sec": None, "enough_as_measured": False, "cores_needed": None,
-            "images_per_sec_per_core": None, "extrapolated_from_workers": None, "beyond_this_machine": None,
+            **base, "extrapolated": False, "measured_best_images_per_sec": None, "enough_as_measured": False,
+            "cores_needed": None, "images_per_sec_per_core": None, "beyond_this_machine": None,
             "not_measured": "no point timed the batches a rate needs",
         }  # fmt: skip
-    top = max(measured, key=lambda r: r["workers"])
-    per_core = top["images_per_sec"] / top["cpu_cores"] if top["cpu_cores"] > 0 else None
-    best = max(r["images_per_sec"] for r in measured)
-    cores = math.ceil(demand.total / per_core) if per_core else None
+    per_core = point["images_per_sec"] / point["cpu_cores"] if point["cpu_cores"] > 0 else None
+    cores = math.ceil(demand_total / per_core) if per_core else None
     return {
         **base,
         "measured_best_images_per_sec": best,
-        "enough_as_measured": best >= demand.total,
+        "enough_as_measured": best >= demand_total,
         "cores_needed": cores,
         "images_per_sec_per_core": per_core,
-        "extrapolated_from_workers": top["workers"],
         "beyond_this_machine": cores is not None and cores > machine_cores,
         "not_measured": None,
     }
+
+
+def needs(rows: list[dict], demand: Demand, machine_cores: int) -> dict:
+    """The cores the demand needs (`cores_for`), extrapolated from the largest measured point. "Enough" only
+    from a measured rate."""
+    measured = [r for r in rows if r["images_per_sec"] is not None]
+    top = max(measured, key=lambda r: r["workers"]) if measured else None
+    best = max((r["images_per_sec"] for r in measured), default=None)
+    return {**cores_for(demand.total, top, best, machine_cores), "extrapolated_from_workers": top and top["workers"]}
+
+
+def cores_words(n: dict, words: str, measured_with: str) -> str:
+    """`to feed WORDS: about N cores (extrapolated from R img/s per core, measured with ...; measured best B
+    img/s); this machine has C[: more workers than cores cannot ...]`: the cores part of `cores_for`."""
+    best = f"measured best {n['measured_best_images_per_sec']:.0f} img/s"
+    if n["cores_needed"] is None:
+        return f"to feed {words}: {best}; its processes' CPU time was not measured: no cores to extrapolate to"
+    head = (
+        f"to feed {words}: about {n['cores_needed']:,} cores (extrapolated from {n['images_per_sec_per_core']:.3g} "
+        f"img/s per core, measured with {measured_with}; {best})"
+    )
+    if n["beyond_this_machine"]:
+        return (
+            f"{head}; this machine has {n['machine_cores']}: more workers than cores cannot speed up a CPU-bound "
+            "loader; speed up its slowest stage, or spread it over machines with that many cores"
+        )
+    return f"{head}; this machine has {n['machine_cores']}"
 
 
 def needs_words(n: dict, words: str) -> str:
@@ -76,19 +101,7 @@ def needs_words(n: dict, words: str) -> str:
         return f"cannot say whether it feeds {words}: {n['not_measured']} (a longer --loader-seconds)"
     if n["enough_as_measured"]:
         return f"feeds {words}: measured {n['measured_best_images_per_sec']:.0f} img/s"
-    best = f"measured best {n['measured_best_images_per_sec']:.0f} img/s"
-    if n["cores_needed"] is None:
-        return f"to feed {words}: {best}; its processes' CPU time was not measured: no cores to extrapolate to"
-    head = (
-        f"to feed {words}: about {n['cores_needed']:,} cores (extrapolated from {n['images_per_sec_per_core']:.3g} "
-        f"img/s per core, measured with {n['extrapolated_from_workers']} worker(s); {best})"
-    )
-    if n["beyond_this_machine"]:
-        return (
-            f"{head}; this machine has {n['machine_cores']}: more workers than cores cannot speed up a CPU-bound "
-            "loader; speed up its slowest stage, or spread it over machines with that many cores"
-        )
-    return f"{head}; this machine has {n['machine_cores']}"
+    return cores_words(n, words, f"{n['extrapolated_from_workers']} worker(s)")
 
 
 def document(name: str, rows: list[dict], demand: Demand | None, stages: dict | None, machine_cores: int) -> dict:

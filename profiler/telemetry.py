@@ -12,6 +12,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.uncertainty import STEP_BATCHES, window_rate
+
 
 def queue_figures(sizes: list[int], capacity: int) -> dict | None:
     """Occupancy of a queue sampled once per measured step."""
@@ -91,16 +93,20 @@ def delivered_rows(producers: dict, before: dict[int, int], batch: int, dt: floa
     """Per producer, what reached the consumer in `dt` seconds (exact counts) and what its headers said.
 
     `producers` is a consumer's tracker.producers ({id: counts with `received` and `extras`});
-    `before` the `received` counts at the window's start. The rows feed `producer_figures`.
+    `before` the `received` counts at the window's start. The rows feed `producer_figures`. `dt` is the trainer's
+    timed window, whole steps from a step's start, so a producer's count in it is judged as the trainer's own
+    rate is (profiler/uncertainty.py `window_rate`, STEP_BATCHES): a producer with no batch in it, or a window
+    with no time, has no row ("not measured"), never a rate from a time near zero.
     """
     rows = []
     for pid, pc in sorted(producers.items()):
         got = pc.received - before.get(pid, 0)
-        if dt > 0 and got > 0:
+        rate = window_rate(got * batch, dt, got, need=STEP_BATCHES)
+        if rate is not None:
             rows.append(
                 {
                     "producer": pid,
-                    "images_per_sec": got * batch / dt,
+                    "images_per_sec": rate,
                     "make_images_per_sec": float(pc.extras.get("make_images_per_sec", 0.0)),
                     "send_latency_ms": float(pc.extras.get("send_latency_ms", 0.0)),
                 }

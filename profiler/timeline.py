@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import psutil
 
+from profiler.uncertainty import STEP_BATCHES, window_rate
+
 INTERVAL_S = 1.0
 PRODUCERS = "producers"
 
@@ -56,14 +58,14 @@ def _sent_rate(path: str | None) -> float:
 class Timeline:
     """Samples the run's process tree once a second; `with Timeline("trainer") as t: ...`, then `t.document()`.
 
-    `counters`: {stage: a function returning images delivered so far}, sampled with the rest (a stage
-    without a step clock, such as --loader-only's workers, gets its images/s from it).
+    `counters`: {stage: a function returning (images, batches) delivered so far}, sampled with the rest (a
+    stage without a step clock, such as --loader-only's workers, gets its images/s from it).
     """
 
     def __init__(self, main_stage: str, interval: float = INTERVAL_S) -> None:
         self.main_stage = main_stage
         self.interval = interval
-        self.counters: dict[str, Callable[[], float]] = {}
+        self.counters: dict[str, Callable[[], tuple[float, float]]] = {}
         # {stage: a function returning that second's figures}, e.g. "gpu": the GPUs' clocks and power
         # (profiler/gpu_state.py), a row of its own in the picture.
         self.gauges: dict[str, Callable[[], dict]] = {}
@@ -196,7 +198,8 @@ class Timeline:
             stages.setdefault(stage, {}).update(gauge())
         for stage, count in list(self.counters.items()):
             try:
-                stages.setdefault(stage, _empty())["images_so_far"] = float(count())
+                images, batches = count()
+                stages.setdefault(stage, _empty())["images_so_far"] = (float(images), float(batches))
             except Exception:  # a counter whose source is gone (a point's workers ended): no figure this second
                 pass
         return {"t": now - self.t0, "stages": stages}
@@ -223,9 +226,9 @@ class Timeline:
         names = sorted({s for r in self.samples for s in r["stages"]}, key=lambda s: (s == PRODUCERS, s))
         # Every stage in every row: a stage with no process that second (producers between paths) has zeros.
         rows = [dict(r, stages={k: dict(r["stages"].get(k) or _empty()) for k in names}) for r in self.samples]
-        _per_row(rows, sorted((t - self.t0, n) for t, n in self._steps), self.main_stage, "images_per_sec", _rate)
+        _rates(rows, sorted((t - self.t0, n) for t, n in self._steps), self.main_stage, self.interval)
         _per_row(rows, sorted((t - self.t0, n) for t, n in self._queue), self.main_stage, "queue_occupancy", _mean)
-        _counted(rows)
+        _counted(rows, self.interval)
         _within_cores(rows, self.cores)
         return {
             "interval_s": self.interval,
@@ -259,8 +262,44 @@ def _empty() -> dict:
     return {"cpu_cores": 0.0, "rss_mb": 0.0, "processes": 0}
 
 
-def _rate(values: list[int], seconds: float) -> float:
-    return sum(values) / seconds if seconds > 0 else 0.0
+def _rates(rows: list[dict], events: list[tuple[float, int]], stage: str, interval: float) -> None:
+    """Each row's delivered images/s of `stage`: the images of the steps that ended since the row before, over
+    that time (`_share_rates`). Every image is in some row's rate times its length."""
+    if not events:
+        return
+    spans, i, before = [], 0, 0.0  # per row: (from, to, images, batches)
+    for r in rows:
+        images = batches = 0
+        while i < len(events) and events[i][0] <= r["t"]:
+            images, batches, i = images + events[i][1], batches + 1, i + 1
+        spans.append((before, r["t"], images, batches))
+        before = r["t"]
+    _share_rates([r["stages"][stage] for r in rows], spans, interval)
+
+
+def _share_rates(figures: list[dict], spans: list[tuple[float, float, float, float]], interval: float) -> None:
+    """Each row's `images_per_sec` from its span (from, to, images, batches), through profiler/uncertainty.py
+    `window_rate` (one batch at least: a row with none is not measured and drawn as nothing). A row shorter than
+    half the interval (one that came early to keep the beat after a late one, or the run's last, partial
+    second) is joined with the next (the last with the one before), and the rows joined share their rate: a
+    batch that ended in a tenth of a second is never ten batches a second."""
+    groups: list[list[int]] = []
+    for k in range(len(spans)):
+        if groups and spans[groups[-1][-1]][1] - spans[groups[-1][0]][0] < interval / 2:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    if len(groups) > 1 and spans[groups[-1][-1]][1] - spans[groups[-1][0]][0] < interval / 2:
+        last = groups.pop()
+        groups[-1] += last
+    for g in groups:
+        seconds = spans[g[-1]][1] - spans[g[0]][0]
+        batches = int(sum(spans[k][3] for k in g))
+        rate = window_rate(sum(spans[k][2] for k in g), seconds, batches, need=STEP_BATCHES)
+        if rate is None:
+            continue
+        for k in g:
+            figures[k]["images_per_sec"] = rate
 
 
 def _mean(values: list[int], seconds: float) -> float | None:
@@ -293,17 +332,21 @@ def _within_cores(rows: list[dict], cores: int) -> None:
                 s["cpu_cores"] *= cores / total
 
 
-def _counted(rows: list[dict]) -> None:
-    """Images/s of a stage sampled by a counter: the counter's rise since the previous row."""
-    last: dict[str, tuple[float, float]] = {}
+def _counted(rows: list[dict], interval: float) -> None:
+    """Images/s of a stage sampled by a counter ((images, batches) so far): each row's rise since the one before
+    it that read the counter, shared with its neighbour where the row is short (`_share_rates`)."""
+    read: dict[str, list[tuple[dict, tuple[float, float, float, float]]]] = {}
+    last: dict[str, tuple[float, float, float]] = {}
     for r in rows:
         for stage, s in r["stages"].items():
             if "images_so_far" not in s:
                 continue
-            n = s.pop("images_so_far")
-            t0, n0 = last.get(stage, (0.0, 0.0))
-            s["images_per_sec"] = max(0.0, n - n0) / (r["t"] - t0) if r["t"] > t0 and n >= n0 else 0.0
-            last[stage] = (r["t"], n)
+            n, b = s.pop("images_so_far")
+            t0, n0, b0 = last.get(stage, (0.0, 0.0, 0.0))
+            read.setdefault(stage, []).append((s, (t0, r["t"], max(0.0, n - n0), max(0.0, b - b0))))
+            last[stage] = (r["t"], n, b)
+    for got in read.values():
+        _share_rates([s for s, _ in got], [span for _, span in got], interval)
 
 
 def out_files(doc: dict) -> dict[str, str | bytes]:

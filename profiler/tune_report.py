@@ -21,7 +21,7 @@ from core.loader_settings import call_arguments
 from core.loader_spec import LoaderSpec
 from core.loader_stages import UNACCOUNTED, limiting
 from profiler.earlier import write_keeping_earlier
-from profiler.loader_report import Demand, demand_words, duplicates_words, stages_text
+from profiler.loader_report import Demand, cores_for, cores_words, demand_words, duplicates_words, stages_text
 
 CORES_BOUND = 0.9  # a setting that used this share of the machine's cores has the cores as its limit
 
@@ -72,6 +72,13 @@ def _limit(best: dict, stages: dict | None, machine_cores: int) -> dict:
     }
 
 
+def _needs(best: dict | None, demand: Demand, machine_cores: int) -> dict:
+    """The cores the demand needs, extrapolated from the best setting's images per CPU-second (the one function
+    --loader-only's demand line uses too, profiler/loader_report.py `cores_for`)."""
+    rate = best["images_per_sec"] if best else None
+    return {**cores_for(demand.total, best, rate, machine_cores), "extrapolated_from": best and best["setting"]}
+
+
 def document(
     spec: LoaderSpec, info: dict, demand: Demand, tried: list[dict], skipped: list[dict], stages: dict | None,
     machine_cores: int,
@@ -85,6 +92,7 @@ def document(
         shortfall = {
             "best": best, "ratio": ratio, "limit": _limit(best, stages, machine_cores) if best else None,
             "told_apart": len(alike) <= 1, "cannot_tell_apart": [t["setting"] for t in alike],
+            "needs": _needs(best, demand, machine_cores),
         }  # fmt: skip
     return {
         "loader": spec.name,
@@ -151,6 +159,8 @@ def text(doc: dict) -> str:
         return "\n".join(out)
     s = tu["shortfall"]
     out.append(_shortfall_words(s, d["total_images_per_sec"]))
+    if not s["needs"]["not_measured"]:
+        out.append(cores_words(s["needs"], demand_words(d), _words(s["needs"]["extrapolated_from"])))
     if s["limit"]:
         out.append(_limit_words(s["limit"], doc["machine_cores"]))
     if (doc.get("stages") or {}).get("stages"):  # the table; where there is none, the line above says why

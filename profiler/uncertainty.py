@@ -67,8 +67,9 @@ STEP_BATCHES = 1
 
 def window_rate(images: float, seconds: float, batches: int, need: int = BOUNDARY_BATCHES) -> float | None:
     """Images/s of one timed window, or None ("not measured") where it timed fewer than `need` batches or no
-    time: the one place a rate is divided out of a window's time (loader-only and its slices, --tune, --epochs,
-    the trainers' windows and so the capacity probes), so that a denominator near zero never becomes a figure.
+    time: the one place a rate is divided out of a window's time (loader-only and its slices, --tune, --epochs
+    and their 1-second bins, the trainers' windows and so the capacity probes, each producer's count over a
+    trainer's window, the timeline's rows), so that a denominator near zero never becomes a figure.
     """
     if batches < need or not math.isfinite(seconds) or seconds <= 0 or not math.isfinite(images):
         return None

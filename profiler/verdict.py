@@ -168,7 +168,7 @@ def _producer_advice(maker: dict | None, prod: dict, baseline_ips: float | None,
     kind = (maker or {}).get("kind")
     if kind == "external":
         return (
-            f"{maker['name']} delivers {prod['images_per_sec']:.0f} img/s; it would need {need} to keep up: "
+            f"{maker['name']} delivers {rate_figure(ips)} img/s; it would need {need} to keep up: "
             "add workers or producers on that side"
         )
     if kind == "loader":
@@ -250,11 +250,11 @@ def _input_limits(result: dict, evidence: list[str], baseline_ips: float | None)
             f"(send latency {prod['send_latency_ms']:.0f} ms): they could give more"
         )
         return "consumer", words["advice"]
-    evidence.append(f"{words['delivers_words']} {ips:.0f} img/s{against}")
+    evidence.append(f"{words['delivers_words']} {rate_figure(ips)} img/s{against}")  # the table's figure
     if maker and maker["kind"] == "external":
         need = f"{baseline_ips:.0f} img/s" if baseline_ips else "more"
         return "input", (
-            f"{maker['name']} (or the wire to it) delivers {ips:.0f} img/s and would need {need}: "
+            f"{maker['name']} (or the wire to it) delivers {rate_figure(ips)} img/s and would need {need}: "
             "add workers or producers on that side"
         )
     if maker and maker["kind"] == "loader":
@@ -300,7 +300,7 @@ def _trainer_limits(
             "--emulate-rate, or --find-capacity) to see where it stops keeping up"
         )
     if baseline_ips:
-        evidence.append(f"{ips:.0f} img/s against {baseline_ips:.0f} img/s with on-device data")
+        evidence.append(f"{rate_figure(ips)} img/s against {baseline_ips:.0f} img/s with on-device data")
         if _clearly_below(result, ips, baseline_ips):
             gap = 100 * (1 - ips / baseline_ips)
             cores = _input_cores(result)

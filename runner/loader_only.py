@@ -368,10 +368,13 @@ class _Slices:
 
 
 def _count_into(timeline: Timeline, shared, workers: int) -> None:
-    """The timeline's loader counter: images of the earlier points, then this point's workers' so far."""
+    """The timeline's loader counter: (images, batches) of the earlier points, then this point's workers' so far."""
     before = timeline.counters.get(LOADER_STAGE)
-    done = before() if before else 0.0
-    timeline.counters[LOADER_STAGE] = lambda: done + sum(shared[i * _FIELDS + 4] for i in range(workers))
+    images, batches = before() if before else (0.0, 0.0)
+    timeline.counters[LOADER_STAGE] = lambda: (
+        images + sum(shared[i * _FIELDS + 4] for i in range(workers)),
+        batches + sum(shared[i * _FIELDS] for i in range(workers)),
+    )
 
 
 def _check_workers(opts: Options, procs: list, readers: list[Connection]) -> None:

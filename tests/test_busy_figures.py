@@ -54,6 +54,10 @@ def loader_only(loaders: str, tmp_path, *flags: str) -> tuple[dict, str]:
     assert left_in_session(p.pid) == []
     doc = json.loads((out / "loader.json").read_text())
     check_figures(doc)  # every median inside its interval, every interval from measured slices
+    # The timeline beside it draws no second above 10x the loader's true rate either (per worker: 2 at most here).
+    rows = json.loads((out / "timeline.json").read_text())["samples"]
+    drawn = [r["stages"]["loader"]["images_per_sec"] for r in rows if "images_per_sec" in r["stages"]["loader"]]
+    assert max(drawn, default=0.0) <= 10 * TRUE_RATE * max(p["workers"] for p in doc["points"]), drawn
     return doc, text
 
 
@@ -145,6 +149,37 @@ def test_the_verdict_never_advises_more_workers_than_cores(monkeypatch, cores):
     assert "30.0 img/s by their own count" in v["evidence"]
     v, *_ = _verdict_of(cfg, 0.9, {**prod, "images_per_sec": 33.0}, 33.4, 540)
     assert "delivers 33.4 img/s against" in v["evidence"], v["evidence"]  # one figure where they agree
+
+
+def test_a_trainer_run_with_its_loader_in_the_trainer_says_the_tables_rate_in_its_verdict():
+    """The `loader` path (the user's --loader inside the trainer, no producers): the results table prints 33.4
+    img/s, and the verdict quotes that same figure, not "33" (nor any other rounding of it)."""
+    import re
+
+    from core import registry
+    from core.config import BenchConfig
+    from core.registry import BASELINE
+    from profiler.report import add_ratios, table
+    from profiler.verdict import verdicts_text
+
+    cfg = BenchConfig(paths=[BASELINE, "loader"], loader="m.py:f")
+    registry.load("tf")
+
+    def result(ips: float, path: str, wait: float) -> dict:
+        windows = [ips * f for f in (0.98, 1.0, 1.01)]
+        return {"images_per_sec": {"median": ips, "min": min(windows), "max": max(windows), "repeats": windows},
+                "images_per_sec_per_device": {"median": ips, "min": ips, "max": ips, "repeats": [ips]},
+                "step_time_ms": {"p50": 10.0, "p90": 12.0}, "schedule": {"timed_steps_per_window": 4},
+                "telemetry": {"input_wait_share": wait}, "input": registry.get("tf", path)(cfg).describe()}  # fmt: skip
+
+    results = {BASELINE: result(540.0, BASELINE, 0.0), "loader": result(33.4, "loader", 0.9)}
+    add_ratios(results)
+    row = next(line for line in table(results, 1, False).splitlines() if line.startswith("loader "))
+    assert row.split()[1] == "33.4", row
+    said = verdicts_text(results, "tf")
+    v = results["loader"]["verdict"]
+    assert "the loader delivers 33.4 img/s against 540 img/s" in v["evidence"], v["evidence"]
+    assert not re.search(r"\b33 img/s", said), said
 
 
 # --- capacity tables that agree with themselves ---------------------------------------------------------------

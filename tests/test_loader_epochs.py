@@ -153,3 +153,24 @@ def test_epochs_where_they_mean_nothing_are_refused_in_one_line(args, words):
     assert len(lines) == 1 and words in lines[0], err
     assert "Traceback" not in err
     assert "epoch 1" not in out
+
+
+def test_a_bin_without_a_batchs_time_or_without_time_gives_no_rate():
+    """The rate per second across a change of epoch (profiler/epoch_report.py `rate_in`), on recorded readings:
+    a bin that no batch's time falls in, or one of no length, is not measured (None), never 0 nor a rate from a
+    time near zero; a bin inside one batch's time gives that batch's own rate; the report says "not measured"."""
+    from profiler.epoch_report import boundaries, rate_in, run_text
+
+    segments = [(0.0, 0.5, 8), (0.5, 1.0, 8), (1.0, 3.0, 8)]  # the last: a 2 s pause, then a batch
+    assert rate_in(segments, 0.0, 1.0) == pytest.approx(16.0)
+    assert rate_in(segments, 1.5, 2.5) == pytest.approx(4.0)  # 8 images over the batch's own 2 s
+    assert rate_in(segments, 2.0, 2.0) is None  # no time
+    assert rate_in(segments, 3.0, 4.0) is None  # after the last batch: nothing timed there
+    assert rate_in([], 0.0, 1.0) is None
+    passes = [{"start": 0.0, "times": [0.5, 1.0], "images": [8, 8], "end": 1.1},
+              {"start": 1.2, "times": [3.0, 3.5], "images": [8, 8], "end": 3.6}]  # fmt: skip
+    (b,) = boundaries(passes, 16.0)
+    assert all(x["images_per_sec"] is not None for x in b["rates_per_sec"]) and b["slowest_images_per_sec"] == 4.0
+    run = {"epochs": [], "steady_images_per_sec": None,
+           "boundaries": [{**b, "rates_per_sec": [{"at_s": 0.0, "images_per_sec": None}], "dip": None}]}  # fmt: skip
+    assert "+0 s not measured" in run_text(run)

@@ -96,6 +96,25 @@ def test_exposed_input_time_counts_only_input_running_alone():
     assert (exposed, span) == (80, 200)
 
 
+def test_a_producers_count_over_a_window_without_time_or_batches_gives_no_rate():
+    """The consumer's exact counts per producer over a trainer's window (profiler/telemetry.py `delivered_rows`,
+    through profiler/uncertainty.py `window_rate`): a producer with no batch in the window, or a window of no
+    (or no finite) time, has no row, so no rate; the others' rates are their batches' images over the window."""
+    from types import SimpleNamespace
+
+    from profiler.telemetry import delivered_figures, delivered_rows
+
+    def counts(received: int) -> SimpleNamespace:
+        return SimpleNamespace(received=received, extras={"send_latency_ms": 2.0})
+
+    producers = {1: counts(14), 2: counts(5), 3: counts(9)}
+    before = {1: 4, 2: 5, 3: 8}  # producer 2 sent nothing in the window
+    rows = delivered_rows(producers, before, 32, 2.0)
+    assert [(r["producer"], r["images_per_sec"]) for r in rows] == [(1, 160.0), (3, 16.0)]
+    for dt in (0.0, -1.0, float("nan"), float("inf")):
+        assert delivered_rows(producers, before, 32, dt) == [] and delivered_figures(producers, before, 32, dt) is None
+
+
 def test_sweep_lists_are_split_from_the_other_flags():
     grid, rest = split_args(["--sweep", "--fake-location", "zmq-consume,gpu", "--num-gpus", "1,2", "--use-fp16",
                              "false,true", "--steps", "3"], PATHS)  # fmt: skip

@@ -213,3 +213,46 @@ def test_the_timelines_path_labels_are_level_readable_and_apart():
         boxes = [t.get_window_extent(renderer) for t in labels]
         assert not boxes[0].overlaps(boxes[1])
         assert all(ax.get_window_extent(renderer).contains(b.x0, b.y0) for b in boxes)
+
+
+def test_a_row_too_short_or_without_a_step_gives_no_rate_of_its_own():
+    """Recorded step ends of a busy machine's run: a row that came 0.1 s after a late one holds one step of 64
+    images, and the run's last row is 0.05 s long with one step in it. Neither is 640 or 1,280 images/s: each is
+    joined with its neighbour, which shares its rate; a row without a step has no rate (drawn as nothing); every
+    image is still in the rates times the rows' lengths."""
+    from profiler.timeline import Timeline
+
+    timeline = Timeline("trainer")
+    stages = {"trainer": {"cpu_cores": 0.5, "rss_mb": 100.0, "processes": 1}}
+    timeline.samples = [{"t": t, "stages": stages} for t in (1.0, 1.9, 2.0, 3.0, 4.0, 4.05)]
+    ends = [0.5, 1.5, 1.95, 2.5, 3.95, 4.02]  # a step in each row, the short ones included
+    timeline.add_steps([timeline.t0 + t for t in ends], [64] * len(ends))
+    rows = timeline.document()["samples"]
+    rate = {r["t"]: r["stages"]["trainer"].get("images_per_sec") for r in rows}
+    assert rate[1.9] == pytest.approx(64 / 0.9) and rate[1.0] == pytest.approx(64.0)
+    assert rate[2.0] == pytest.approx(128 / 1.1) == rate[3.0]  # the 0.1 s row joined with the next
+    assert rate[4.05] == pytest.approx(128 / 1.05) == rate[4.0]  # the last, 0.05 s, joined with the one before
+    assert max(rate.values()) < 130
+    assert delivered(timeline.document(), "trainer") == pytest.approx(64 * len(ends))
+    timeline.samples += [{"t": t, "stages": stages} for t in (5.0, 6.0)]  # a second without a step after them
+    rows = timeline.document()["samples"]
+    assert "images_per_sec" not in rows[-1]["stages"]["trainer"]  # not measured, not 0
+    assert rows[-3]["stages"]["trainer"]["images_per_sec"] == pytest.approx(64 / 1.0)  # 4.0-5.0: 4.05 not last now
+
+
+def test_a_counted_stage_gets_no_rate_from_a_short_row_nor_from_a_row_without_a_batch():
+    """--loader-only's counter ((images, batches) so far) read at recorded times of a busy machine: a burst of 2
+    batches of 30 read 0.05 s after the row before is not 1,200 images/s; it shares the next row's time; a
+    second in which the counter did not move has no rate."""
+    from profiler.timeline import Timeline
+
+    timeline = Timeline("loader")
+    so_far = [(1.0, 0, 0), (1.95, 60, 2), (2.0, 120, 4), (3.0, 120, 4), (4.0, 180, 6)]
+    timeline.samples = [
+        {"t": t, "stages": {"loader": {"cpu_cores": 0.5, "rss_mb": 100.0, "processes": 2, "images_so_far": (n, b)}}}
+        for t, n, b in so_far
+    ]
+    rate = {r["t"]: r["stages"]["loader"].get("images_per_sec") for r in timeline.document()["samples"]}
+    assert rate[1.0] is None and rate[1.95] == pytest.approx(60 / 0.95)
+    assert rate[2.0] == pytest.approx(60 / 1.05) == rate[3.0]  # the 0.05 s row joined with the next
+    assert rate[4.0] == pytest.approx(60.0)

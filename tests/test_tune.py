@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,7 +104,7 @@ def test_a_setting_with_workers_is_made_again_and_pasted_as_a_working_call(data)
 def test_a_demand_no_setting_meets_names_the_shortfall_and_the_limiting_stage(data, tmp_path):
     """An absurd demand: every setting up to one worker is measured, the best falls short by a ratio, and the
     per-stage timing names the stage that limits it."""
-    doc, text = tune(TV, data, "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "1",
+    doc, text = tune(TV, data, "--target-rate", "1e9", "--loader-workers", "1", "--loader-seconds", "1.5",
                      json_path=tmp_path / "t.json")  # fmt: skip
     tu = doc["tune"]
     assert tu["chosen"] is None
@@ -123,6 +125,17 @@ def test_a_demand_no_setting_meets_names_the_shortfall_and_the_limiting_stage(da
     stage = s["limit"]["slowest_stage"]["stage"]
     assert stage in ("read", "decode", "RandomResizedCrop", "RandomHorizontalFlip", "ToUint8HWC")
     assert "x short" in text
+    # The cores the demand needs, one figure, from the best setting's images per CPU-second, beside this machine's.
+    n, best = s["needs"], s["best"]
+    assert n["extrapolated"] and n["extrapolated_from"] == best["setting"] and n["machine_cores"] == os.cpu_count()
+    assert n["images_per_sec_per_core"] == pytest.approx(best["images_per_sec"] / best["cpu_cores"])
+    assert n["cores_needed"] == math.ceil(1e9 / n["images_per_sec_per_core"]) and n["beyond_this_machine"]
+    assert (
+        f"about {n['cores_needed']:,} cores (extrapolated from {n['images_per_sec_per_core']:.3g} img/s per core, "
+        f"measured with {', '.join(f'{k}={v}' for k, v in best['setting'].items() if v is not None)};"
+    ) in text, text
+    assert f"this machine has {os.cpu_count()}: more workers than cores cannot speed up a CPU-bound loader" in text
+    assert "workers_needed" not in json.dumps(doc)
     if s["limit"]["slowest_stage"]["tied_with"]:  # stages the samples cannot tell apart: named together
         assert f"the limit is one of the stages {stage} (" in text and "a tie" in text, text
     else:
