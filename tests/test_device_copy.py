@@ -89,7 +89,7 @@ def test_the_copys_memory_is_not_reused_while_the_steps_stream_still_reads_it():
     where = first.data_ptr()
     del first  # freed while the step's stream has not read it yet
     second = copier.start([torch.full((n,), 2, dtype=torch.uint8).pin_memory()]).tensors[0]
-    assert second.data_ptr() != where  # without record_stream the side stream would take the same block
+    assert second.data_ptr() != where  # were the step's stream not recorded on it, the side stream would reuse it
     assert total.item() == n  # and its copy would have overwritten what the step then read
 
 
