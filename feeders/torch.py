@@ -1,11 +1,12 @@
 """PyTorch's feeder: from a host-side source of batches to the device, through pinned memory and a side stream.
 
 A thread takes each batch (numpy arrays) from the source, copies it into one
-of a ring of page-locked host buffers, and starts an asynchronous
-host-to-device copy on a side CUDA stream; the training step waits only on
-that copy's event, so the copy overlaps the previous step's compute. Without
-a GPU the ring buffers are ordinary host memory and are handed to the step
-as they are (no pinning, no streams: there is no device to copy to).
+of a ring of page-locked host buffers, and starts its asynchronous
+host-to-device copy on a side CUDA stream (feeders/device_copy.py, which says
+why each step of the copy is there); the training step waits only on that
+copy's event, so the copy overlaps the previous step's compute. Without a GPU
+the ring buffers are ordinary host memory and are handed to the step as they
+are (no pinning, no streams: there is no device to copy to).
 
 The time the step spends in `next()` is its input wait: the batch was not
 ready yet.
@@ -22,31 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from feeders.device_copy import CopySources, Pending, SideCopy
 from frameworks.torch_trace import stage
 
 _END = object()
-
-
-class PageableCopy(RuntimeError):
-    """A host-to-device copy whose source is not in pinned memory (CUDA would stage it and block the host)."""
-
-
-def to_device(host: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Non-blocking copies of pinned host tensors to `device`: every path's host-to-device copy goes through here.
-
-    A `non_blocking` copy from pageable memory is silently a synchronous,
-    staged one, and `torch.cuda.set_sync_debug_mode` does not flag it: so the
-    source is checked here (`is_pinned()`), and a pageable one is refused
-    naming its shape, instead of making the path look slower than it is.
-    """
-    for t in host:
-        if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
-            raise PageableCopy(
-                f"host->device copy of a {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} tensor from "
-                "pageable memory: every copy to the device must come from pinned memory"
-            )
-    with stage("feedbench.copy_to_device"):
-        return [t.to(device, non_blocking=True) for t in host]
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
@@ -79,13 +59,14 @@ class Prefetcher:
         self.cuda = device.type == "cuda"
         self.depth = depth
         self.timeout = timeout
-        # Ring of host buffers: `depth` queued, one being filled, one the step may still read (CPU device).
+        # Ring of host buffers: `depth` queued, one being filled, one the step may still read (CPU device);
+        # on a GPU a buffer is refilled only once the copy out of it is done (`_copying`).
         self._ring: list[list[torch.Tensor] | None] = [None] * (depth + 2)
-        self._ring_events: list[torch.cuda.Event | None] = [None] * (depth + 2)
+        self._copying = CopySources()
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.copier = SideCopy(device)
         self.batches = 0  # handed to the step
         self.queue_sizes: list[int] = []  # occupancy seen by each next(), for telemetry
         self._source = source
@@ -114,21 +95,13 @@ class Prefetcher:
                 if arrays is _END or self._stop.is_set():
                     return
                 i = k % len(self._ring)
-                if self.cuda and self._ring_events[i] is not None:
-                    self._ring_events[i].synchronize()  # the last copy out of this buffer is done
+                self._copying.keep_at_most(len(self._ring) - 1)  # the last copy out of buffer i is done
                 with stage("feedbench.host_copy"):
                     host = self._host_slot(i, arrays)
                     for t, a in zip(host, arrays):
                         t.copy_(as_tensor(a))
-                if self.cuda:
-                    with torch.cuda.stream(self.stream):
-                        out = to_device(host, self.device)
-                        ev = torch.cuda.Event()
-                        ev.record(self.stream)
-                    self._ring_events[i] = ev
-                    item = (out, ev)
-                else:
-                    item = (host, None)
+                item = self.copier.start(host)  # on a GPU: the copy queued on the side stream
+                self._copying.add(i, item.done)
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)
@@ -155,16 +128,11 @@ class Prefetcher:
             if self._error is not None:
                 raise self._error
             raise RuntimeError("the input ended")
-        tensors, ev = item
-        if ev is not None:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(ev)
-            for t in tensors:
-                t.record_stream(current)  # allocated on the side stream, used on this one
+        tensors = self.copier.hand_over(item)
         self.batches += 1
         return tensors
 
-    def _take(self, t0: float):
+    def _take(self, t0: float) -> Pending | object:
         while True:
             try:
                 return self._queue.get(timeout=0.5)
@@ -191,29 +159,3 @@ class Prefetcher:
             except queue.Empty:
                 break
         self._thread.join(timeout=5.0)
-
-
-class SideCopy:
-    """Copies host tensors already in pinned memory to the device on a side stream, and hands them to the step.
-
-    `copy` queues the copy on the side stream and makes the step's stream wait
-    for it (on the device: the host does not wait), marking the tensors as used
-    there, so the caching allocator keeps them until the step's work is done.
-    The pinned source may be dropped once `copy` has returned: PyTorch's
-    pinned-memory allocator holds the block until the copy is done.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
-
-    def copy(self, host: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        with torch.cuda.stream(self.stream):
-            out = to_device(host, self.device)
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(ev)
-        for t in out:
-            t.record_stream(current)
-        return out

@@ -2,7 +2,7 @@
 
 `torch.cuda.set_sync_debug_mode` does not flag a `non_blocking` copy from
 pageable memory (CUDA stages it and the host waits), so the trainer checks the
-source itself: every path copies through `feeders.torch.to_device`,
+source itself: every path copies through `feeders.device_copy.to_device`,
 which refuses a pageable tensor before any CUDA call. Checked here without a
 GPU: the refusal, and that no path copies to the device any other way.
 """
@@ -16,11 +16,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from feeders.torch import PageableCopy, to_device  # noqa: E402
+from feeders.device_copy import PageableCopy, to_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # bandwidth.py measures pageable copies on purpose (the figure pinned memory is compared with).
-ALLOWED = {("feeders/torch.py", "to_device"), ("harness/torch/bandwidth.py", "copy_gbps")}
+ALLOWED = {("feeders/device_copy.py", "to_device"), ("harness/torch/bandwidth.py", "copy_gbps")}
 
 
 def test_a_copy_from_pageable_memory_is_refused_naming_the_tensor():

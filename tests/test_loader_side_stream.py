@@ -26,7 +26,7 @@ def test_a_dataloaders_batch_is_copied_on_the_side_stream_and_arrives_whole(tmp_
     from consumers.loader.torch import UserLoader
     from consumers.torch_half import RankContext
     from core.config import BenchConfig
-    from feeders.torch import SideCopy
+    from feeders.device_copy import SideCopy
 
     (tmp_path / "side_loader.py").write_text(LOADER)
     monkeypatch.syspath_prepend(str(tmp_path))

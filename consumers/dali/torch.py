@@ -17,7 +17,7 @@ from consumers.dali.path import PATH
 from consumers.torch_half import RankContext, TorchInputPath, labels_of
 from core.errors import ConfigError
 from core.registry import register
-from feeders.torch import to_device
+from feeders.device_copy import SideCopy
 from frameworks.torch_trace import stage
 from profiler.telemetry import DescribedStage
 
@@ -32,7 +32,6 @@ class InProcessDali(TorchInputPath):
 
         from core.images.dali import build_pipeline
         from core.images.files import list_images
-        from feeders.torch import SideCopy
 
         cfg = self.cfg
         files, labels, _ = list_images(cfg.data, None)
@@ -42,7 +41,7 @@ class InProcessDali(TorchInputPath):
             raise ConfigError("--dali-device gpu: this rank has no GPU; DALI decodes on the CPU (--dali-device cpu)")
         gpu_id = ctx.device.index if ctx.device.index is not None else ctx.local_rank
         self.decoded_on = f"gpu {gpu_id}" if self.decode == "gpu" else "cpu"
-        self.copier = SideCopy(ctx.device) if cuda and self.decode == "cpu" else None
+        self.copier = SideCopy(ctx.device)
         pipe = build_pipeline(
             cfg.data,
             files,
@@ -77,19 +76,19 @@ class InProcessDali(TorchInputPath):
             return [t.pin_memory() for t in batch]
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        dev = self.ctx.device
-        if self.copier is not None:  # decoded on the CPU for a GPU: pinned, then a side-stream copy
+        if self.ctx.device.type != "cuda":
+            images, labels = self._run()  # all on the CPU
+            return images, labels_of(labels)
+        if self.decode == "cpu":  # decoded on the CPU for a GPU: pinned, then a side-stream copy
             # This step's batch only: DALI's own queue reads ahead, so asking for the next one here would
             # make this step wait for it.
             images, labels = self.copier.copy(self._pinned())
             return images, labels_of(labels)
-        images, labels = self._run()  # on the GPU (mixed) already, or all on the CPU
-        if dev.type != "cuda":
-            return images, labels_of(labels)
+        images, labels = self._run()  # on the GPU (mixed) already
         # Labels stay on the host in a mixed pipeline: 4 bytes an image, pinned, copied, widened on the device.
         with stage("feedbench.host_copy"):
             labels = labels.pin_memory()
-        return images, labels_of(to_device([labels], dev)[0])
+        return images, labels_of(self.copier.copy([labels])[0])
 
     def sampled_stages(self) -> list:
         return [

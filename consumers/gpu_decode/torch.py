@@ -11,7 +11,6 @@ naming it: a batch is never made shorter.
 from __future__ import annotations
 
 import collections
-import contextlib
 import queue
 import random
 import threading
@@ -31,7 +30,7 @@ from core.errors import InputError
 from core.images.decoders import random_resized_crop_box
 from core.images.files import list_images
 from core.registry import batch_maker_of, register
-from feeders.torch import to_device
+from feeders.device_copy import SideCopy, to_device
 from profiler.telemetry import DescribedStage, SampledQueue
 from wire import strings
 
@@ -156,6 +155,7 @@ class GpuDecode(PythonQueue):
         self.queue_sizes: list[int] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
+        self.side = SideCopy(ctx.device)  # the decode's side stream
         self.start([endpoint])
         self.thread = threading.Thread(target=self._feed, name="gpu-decode", daemon=True)
         self.thread.start()
@@ -194,23 +194,19 @@ class GpuDecode(PythonQueue):
     def _feed(self) -> None:
         """The thread: receive each batch, decode and augment it on the device, queue it for the step."""
         cfg, device = self.cfg, self.ctx.device
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         rng = random.Random(f"gpu-decode/{self.ctx.rank}")
         try:
             for arrays in pull(self.consumer, cfg.recv_timeout, self.stop.is_set, headers=self.seen.header):
                 items, labels, indices = self._checked(arrays)
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                with self.side.on_stream():  # handed to the step like a copy (feeders/device_copy.py)
                     names = [f"{cfg.data}/{self.files[i]}" for i in indices]
                     images = augment(decode_batch(items, device, names), cfg.image_size, rng)
                     host = torch.from_numpy(labels.astype(np.int64))
-                    # Through the one pinned check every path copies by (feeders/torch.py to_device).
                     labels_t = to_device([host.pin_memory() if device.type == "cuda" else host], device)[0]
-                    done = torch.cuda.Event() if stream is not None else None
-                    if done is not None:
-                        done.record(stream)
+                decoded = self.side.mark([images, labels_t])
                 while not self.stop.is_set():
                     try:
-                        self.ready.put((images, labels_t, indices, done), timeout=POLL_S)
+                        self.ready.put((decoded, indices), timeout=POLL_S)
                         break
                     except queue.Full:
                         continue
@@ -242,12 +238,8 @@ class GpuDecode(PythonQueue):
             if isinstance(e, ReceiveTimeout):
                 raise InputError(str(e)) from None
             raise e
-        images, labels, indices, done = got
-        if done is not None:  # the step's stream waits for the decode; the tensors stay its own
-            current = torch.cuda.current_stream(images.device)
-            current.wait_event(done)
-            images.record_stream(current)
-            labels.record_stream(current)
+        decoded, indices = got
+        images, labels = self.side.hand_over(decoded)  # the step's stream waits for the decode
         self.seen.add(indices)
         return images, labels_of(labels)
 

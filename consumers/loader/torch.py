@@ -2,11 +2,11 @@
 
 A `DataLoader` is iterated as it is, with `pin_memory` turned on where the
 rank has a GPU (its own workers decode; its pin thread copies into pinned
-memory), and each batch goes to the device on a side stream through the
-feeder's `SideCopy` (the helper every other PyTorch path copies with), so
-the copy overlaps the previous step's work instead of queueing behind it. Any
-other loader (a Dataset, a tf.data.Dataset, a DataFlow, an iterable) runs
-on the pinned-memory, side-stream feeder of python-queue. Each rank builds
+memory), and each batch goes to the device on a side stream through
+`SideCopy` (feeders/device_copy.py, the helper every PyTorch path copies
+with), so the copy overlaps the previous step's work instead of queueing
+behind it. Any other loader (a Dataset, a tf.data.Dataset, a DataFlow, an
+iterable) runs on the pinned-memory, side-stream feeder of python-queue. Each rank builds
 its own copy with its own shard of the seed (`shard`, `num_shards` = rank,
 world where the callable takes them). No producers: this is the loader where
 users run it, against the same model and report.
@@ -33,7 +33,8 @@ from core.loader_spec import (
     worker_seed,
 )
 from core.registry import register
-from feeders.torch import Prefetcher, SideCopy
+from feeders.device_copy import SideCopy
+from feeders.torch import Prefetcher
 from frameworks.torch_trace import stage
 
 

@@ -32,7 +32,8 @@ from consumers.torch_half import (
 from consumers.zmq_pull import PullConsumer, ReceiveTimeout
 from core.errors import ConfigError, InputError
 from core.registry import register
-from feeders.torch import SideCopy, as_tensor
+from feeders.device_copy import SideCopy
+from feeders.torch import as_tensor
 from frameworks.torch_trace import stage
 
 
@@ -95,7 +96,7 @@ class PythonDataset(ProducerFed):
         workers = len(endpoints)
         self.tracker = SeqTracker()
         self.trained = 0
-        self.copier = SideCopy(ctx.device) if ctx.device.type == "cuda" else None
+        self.copier = SideCopy(ctx.device)
         self.loader = DataLoader(
             PullDataset(endpoints, cfg),
             batch_size=None,
@@ -136,11 +137,9 @@ class PythonDataset(ProducerFed):
         return images, labels
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.copier is None:  # CPU: the loader's tensors are the step's input
-            images, labels = self._pull()
-            return images, labels_of(labels)
         # This step's batch only: the loader's workers and pin thread read ahead (prefetch_factor), so asking
-        # for the next batch here would make this step wait for it. The copy overlaps the previous step's work.
+        # for the next batch here would make this step wait for it. The copy overlaps the previous step's work;
+        # without a GPU the loader's tensors are the step's input.
         images, labels = self.copier.copy(self._pull())
         return images, labels_of(labels)  # int32 -> int64 on the device, after the copy
 

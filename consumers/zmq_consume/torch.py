@@ -4,8 +4,10 @@ pinned host memory; the step then copies it to the device asynchronously on a si
 The receiver (zmq_ops/receiver.py) shares the TensorFlow op's connection,
 decoders and per-producer accounting; here its slots are page-locked torch
 tensors, so a batch is copied once off the socket and once to the device.
-While the step trains on batch k, batch k+1's copy is already under way.
-Without a GPU the slot itself is the step's input (no copy at all).
+While the step trains on batch k, batch k+1's copy is already under way. A
+slot goes back to the receiver once its copy is done. Why the copy is made
+the way it is: feeders/device_copy.py. Without a GPU the slot itself is the
+step's input (no copy at all).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from consumers.zmq_consume.path import PATH, receiver_module
 from core.errors import InputError
 from core.registry import register
 from feeders.cuda_slots import cuda_host_register
-from feeders.torch import to_device
+from feeders.device_copy import CopySources, Pending, SideCopy
 from frameworks.torch_trace import stage
 from profiler.telemetry import stats_file_figures
 
@@ -61,6 +63,7 @@ class ZmqConsume(ProducerFed):
                 for _ in range(SLOTS)
             ]
         )
+        self.copier = SideCopy(ctx.device)
         self.receiver = rx.Receiver(
             endpoint,
             specs,
@@ -74,12 +77,11 @@ class ZmqConsume(ProducerFed):
             zero_copy=self.zero_copy,
             on_region=self.regions,
         )
-        self._arrays: list = []  # zero-copy: the batches (arrays over their slots) the step or a copy still reads
         self._timeout = rx.ReceiveTimeout
-        self.stream = torch.cuda.Stream(ctx.device) if self.cuda else None
-        self._copying: list[tuple[int, torch.cuda.Event]] = []  # slots whose copy to the device may be running
-        self._held: int | None = None  # CPU: the slot the step is reading
-        self._ready = None  # GPU: the next batch, its copy already started
+        # The slots (zero copy: the batches, arrays over their slots) a copy to the device, or the step
+        # itself without a GPU, may still read: each goes back to the receiver (is dropped) once it is done.
+        self._reading = CopySources(release=None if self.zero_copy else self.receiver.release)
+        self._ready: Pending | None = None  # GPU: the next batch, its copy already started
         self.staged = 0  # zero copy: batches over a region CUDA refused, staged through pinned memory
         self.start([endpoint])
 
@@ -103,16 +105,13 @@ class ZmqConsume(ProducerFed):
                     more = str(e).partition(";")[2].strip()  # e.g. peers refused by CURVE authentication
                     raise InputError(f"no batch within {timeout:g} s" + (f"; {more}" if more else "")) from None
 
-    def _fetch(self, wait: bool = True):
+    def _fetch(self, wait: bool = True) -> Pending | None:
         """Take the next filled slot and start its copy to the device on the side stream.
 
         `wait=False`: only if a batch is there already (else None), so a look-ahead never
         makes the step that returns the current batch wait for the next one.
         """
-        while len(self._copying) >= SLOTS - 1:  # leave the receive threads a slot to fill
-            held, ev = self._copying.pop(0)
-            ev.synchronize()
-            self.receiver.release(held)
+        self._reading.keep_at_most(SLOTS - 2)  # leave the receive threads a slot to fill
         if wait:
             slot = self._take()
         else:
@@ -120,64 +119,35 @@ class ZmqConsume(ProducerFed):
                 slot = self.receiver.next(timeout_ms=0)
             except self._timeout:
                 return None
-        with torch.cuda.stream(self.stream):
-            dev = to_device(self.slots[slot], self.ctx.device)
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        self._copying.append((slot, ev))
-        return dev, ev
-
-    def _release_copied(self) -> None:
-        keep = []
-        for slot, ev in self._copying:
-            if ev.query():
-                self.receiver.release(slot)
-            else:
-                keep.append((slot, ev))
-        self._copying = keep
+        pending = self.copier.start(self.slots[slot])  # without a GPU: the slot's own tensors
+        self._reading.add(slot, pending.done)
+        return pending
 
     def _next_in_place(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero copy: tensors over the producer's slot; the slot goes back once nothing reads it any more."""
-        self._arrays = [(a, ev) for a, ev in self._arrays if ev is not None and not ev.query()]  # copies still reading
-        images, labels = (torch.from_numpy(a) for a in self._take())
-        if not self.cuda:
-            self._arrays.append(((images, labels), None))  # the step reads them: held until the next batch
-            return images, labels_of(labels)
-        host = (images, labels)
-        if not all(t.is_pinned() for t in host):  # a region CUDA refused to register: staged, and reported
+        self._reading.settle()
+        self._reading.keep_at_most(SLOTS - 1)  # the receiver gives no batch while all SLOTS are held
+        batch = tuple(torch.from_numpy(a) for a in self._take())
+        host = batch
+        if self.cuda and not all(t.is_pinned() for t in host):  # a region CUDA refused to register: staged
             self.staged += 1
             with stage("feedbench.host_copy"):
                 host = tuple(t.pin_memory() for t in host)
-        with torch.cuda.stream(self.stream):
-            dev = to_device(host, self.ctx.device)  # DMA from the registered slot
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        self._arrays.append(((images, labels), ev))
-        current = torch.cuda.current_stream(self.ctx.device)
-        current.wait_event(ev)
-        for t in dev:
-            t.record_stream(current)
-        return dev[0], labels_of(dev[1])
+        pending = self.copier.start(host)  # on a GPU: a DMA read of the registered slot
+        self._reading.add(batch, pending.done)  # without a GPU the step reads them: held until the next batch
+        images, labels = self.copier.hand_over(pending)
+        return images, labels_of(labels)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.zero_copy:
             return self._next_in_place()
-        if not self.cuda:
-            if self._held is not None:
-                self.receiver.release(self._held)
-                self._held = None
-            self._held = self._take()
-            images, labels = self.slots[self._held]
-            return images, labels_of(labels)
-        self._release_copied()
+        self._reading.settle()  # without a GPU: the slot the previous step read
         if self._ready is None:
             self._ready = self._fetch()  # this step waits for its own batch, and only for it
-        (images, labels), ev = self._ready
-        current = torch.cuda.current_stream(self.ctx.device)
-        current.wait_event(ev)
-        for t in (images, labels):
-            t.record_stream(current)
-        self._ready = self._fetch(wait=False)  # the next batch's copy overlaps this step, if it is there already
+        images, labels = self.copier.hand_over(self._ready)
+        # The next batch's copy overlaps this step, if it is there already (without a GPU the step reads
+        # the slot itself: it is taken only when asked for).
+        self._ready = self._fetch(wait=False) if self.cuda else None
         return images, labels_of(labels)
 
     def counters(self, session=None) -> dict | None:
@@ -216,9 +186,10 @@ class ZmqConsume(ProducerFed):
 
     def close(self) -> None:
         if self.receiver is not None:
-            if self.cuda:
-                torch.cuda.synchronize(self.ctx.device)  # no copy may still read a slot
-            self._arrays = []
-            self.receiver.close()
+            self._ready = None
+            try:
+                self._reading.drain()  # no copy may still read a slot, nor a batch over one be held
+            finally:
+                self.receiver.close()
             self.receiver = None
         self.stop_producers()

@@ -13,7 +13,7 @@ in one line and exits 1. With GPUs it
    `torch.cuda.set_sync_debug_mode("error")` in the timed steps, so a step
    that makes the host wait for the device (an `.item()`) fails the path;
    a copy from pageable memory, which that mode cannot see, is refused by
-   the paths' own pinned check (feeders/torch.py `to_device`);
+   the paths' own pinned check (feeders/device_copy.py `to_device`);
 3. prints a table of each path's images/s and its ratio to the `gpu` path.
 
 It exits non-zero when any path fails, or when zmq-consume over shm:// did
