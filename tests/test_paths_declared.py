@@ -244,3 +244,22 @@ def test_a_path_has_one_class_name_in_both_frameworks():
     differ = {pkg: per for pkg, per in names.items() if len({n[0] for n in per.values()}) > 1}
     assert not differ, f"a path's halves register classes of different names: {differ}"
 
+
+NUMBERS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+
+
+def test_the_readme_counts_the_default_run_and_the_paths_on_request_as_declared():
+    """README's "five in the default run ...; the others on request: three for TensorFlow, four for PyTorch"."""
+    import re
+
+    from consumers import declared
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"\((\w+) in the default run, the baseline among them; the others on request: (\w+) for "
+                  r"TensorFlow, (\w+) for PyTorch\)", text)  # fmt: skip
+    assert m, "README no longer says how many paths run by default"
+    default, tf_more, torch_more = (NUMBERS[w] for w in m.groups())
+    for fw, more in (("tf", tf_more), ("torch", torch_more)):
+        run = declared.default_run(fw)
+        assert len(run) == default and "gpu" in run, (fw, run)
+        assert len(declared.names(fw)) - len(run) == more, (fw, declared.names(fw))
