@@ -44,11 +44,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str], paths: dict):
-    """The flags, one group per concern; input path names and their help come from the registry."""
+    """The flags, one group per concern; input path names and their help come from the paths' declarations."""
     from runner import cluster_spec
 
     p = _Parser(prog="bench_input.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_path_flags(p, paths)
+    _add_path_flags(p, paths, _framework(argv))
     _add_model_flags(p)
     _add_emulation_flags(p)
     _add_producer_flags(p)
@@ -66,14 +66,14 @@ def parse_args(argv: list[str], paths: dict):
     return p.parse_args(argv)
 
 
-def _add_path_flags(p: argparse.ArgumentParser, paths: dict) -> None:
-    """Which trainer, and which input paths it runs: the choices are the registry's paths."""
+def _add_path_flags(p: argparse.ArgumentParser, paths: dict, framework: str) -> None:
+    """Which trainer, and which input paths it runs: the choices are the declared paths ({name: Declaration})."""
     from core.registry import BASELINE
 
     p.add_argument(
         "--framework", choices=("tf", "torch"), default="tf", help="the trainer: TensorFlow (default) or PyTorch"
     )
-    listing = "; ".join(f"{n}: {c.summary}" for n, c in paths.items())
+    listing = "; ".join(f"{n}: {c.words('summary', framework)}" for n, c in paths.items())
     default_run = ", ".join(n for n, c in paths.items() if c.in_default_run)
     p.add_argument(
         "--fake-location", type=_path_list(list(paths)), metavar="PATH[,PATH...]",
@@ -448,7 +448,7 @@ def check_interleave(args, grid: dict | None) -> None:
 
 
 def config_from(args, paths: dict):
-    """The run's BenchConfig: the chosen path after the baseline, or the registry's default run."""
+    """The run's BenchConfig: the chosen path after the baseline, or the declared default run."""
     from core.config import BenchConfig
     from core.errors import ConfigError
     from core.registry import BASELINE
@@ -535,7 +535,7 @@ def _main(argv: list[str]) -> int:
     """Parse, check what needs no device, pick the framework's plugin; the harness does the rest."""
     from dataclasses import replace
 
-    from consumers.declared import declared
+    from consumers import declared
     from core import registry
     from core.errors import ConfigError
     from profiler.report import check_output_places
@@ -545,7 +545,7 @@ def _main(argv: list[str]) -> int:
     framework = _framework(argv)
     # The flags are read and checked from the paths' declarations: the framework is imported only for a run
     # that passed every check (and --loader-only runs no trainer: no TensorFlow, no PyTorch).
-    choices = declared(framework)
+    choices = declared.of(framework)
     try:
         grid, argv = split_args(argv, list(choices))
     except SweepError as e:

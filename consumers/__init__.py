@@ -8,6 +8,14 @@ imports neither framework (tests/test_layout.py).
 
 Importing the package sets TensorFlow's environment (no TensorFlow is imported): a TensorFlow half
 imported on its own (`consumers.<path>.tf`) then still finds it set before tensorpack imports TensorFlow.
+
+A path may also live outside the project, in a `consumers/<path>/` folder of another place on
+sys.path (PYTHONPATH): the package's path takes in every `consumers/` folder there (pkgutil.extend_path),
+so the path is found, listed and run as one of the project's own (consumers/declared.py).
 """
 
+import pkgutil
+
 import frameworks.tf_env  # noqa: F401
+
+__path__ = pkgutil.extend_path(__path__, __name__)

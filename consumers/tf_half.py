@@ -61,7 +61,7 @@ class TFInputPath(InputPath):
         """Start what the path feeds from, once `open` has bound what it connects to: the run's producers
         (their stats files in `folder`), as a PyTorch rank's path starts its share (consumers/torch_half.py).
         A path that starts processes of its own instead (tf-data-service) has them in `producers` by now."""
-        if self.needs_producers:
+        if self.declaration.needs_producers:
             self.producers = start_producers(self.cfg, self.endpoint, folder)
             if self.producers is not None:  # a feeding thread waiting for a batch stops waiting when one fails
                 self.producers.on_failure(self.interrupt)

@@ -71,6 +71,12 @@ class TorchInputPath(InputPath):
     def check(self) -> None:
         """Between steps: raise if a producer the path depends on has died."""
 
+    def rank_fields(self) -> dict:
+        """This rank's part of the path's own result fields (merged over the ranks as its declaration says):
+        `result_fields()`, and where DALI or nvJPEG decoded, where that was."""
+        fields = self.result_fields()
+        return {**fields, "decoded_on": self.decoded_on} if self.decoded_on else fields
+
 
 def expected_batch(cfg: Any):
     """What every batch from a producer must be: uint8 [batch, size, size, 3] images and int32 [batch] labels."""

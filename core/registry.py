@@ -1,29 +1,26 @@
-"""Input paths by name: one class per way of feeding the trainer, per framework.
+"""What an input path is and provides, whatever the framework: its declaration, its base class, its registration.
 
 Modelled on tensorpack's `input_source/`: a small base class says what every
-path must provide, and each path is one subclass in one file, registered by
-name with `@register`. What a path is (its name, summary, order, advice and
-shared flag checks) is declared once, in `consumers/<path>/path.py`, and both
-frameworks' classes take it from there (`declaration`). The TensorFlow
-half sits beside it in `consumers/<path>/tf.py`, the PyTorch half in
-`consumers/<path>/torch.py`; `consumers.declared.import_halves` imports
-every half of a framework (a class registered from anywhere, as the tests
-do, works too).
+path must provide. A path is one folder, `consumers/<path>/`: its
+declaration (`path.py`: name, summary, order, advice, shared flag checks, the
+result fields it adds) and a half per framework beside it (`tf.py`,
+`torch.py`), each one subclass registered by name with `@register` and naming
+the declaration as its `declaration`, the path's one identity object.
+Finding the folders and importing their halves is `consumers.declared`'s job;
+this module imports no path.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from core.errors import ConfigError
+from core.result_fields import ResultField
 
 FRAMEWORKS = ("tf", "torch")
-# Where `import_halves(framework)` lives: importing a framework's halves registers its input paths.
-HALVES = "consumers.declared"
 BASELINE = "gpu"
 
 _registry: dict[str, dict[str, type[InputPath]]] = {fw: {} for fw in FRAMEWORKS}
@@ -31,6 +28,8 @@ _registry: dict[str, dict[str, type[InputPath]]] = {fw: {} for fw in FRAMEWORKS}
 
 # A path's words: one string for both frameworks, or one per framework where their halves work differently.
 Words = str | dict[str, str]
+# What a path is: its declaration's fields, read from there only (a half's class attribute of one of these
+# names would say something its declaration does not).
 IDENTITY = (
     "name",
     "summary",
@@ -57,17 +56,22 @@ class Declaration:
     """
 
     name: str
-    summary: Words
-    order: int
+    summary: Words  # one line for --help, the README table and docs
+    order: int  # position in tables; the baseline comes first
+    # What to try when this path's consumer side limits the run (the verdict quotes it).
     advice: Words = "speed up the consumer"
-    in_default_run: bool = True
-    needs_producers: bool = False
-    input_advice: Words | None = None
-    delivers_words: Words | None = None
-    host_cpu_advice: Words | None = None
+    in_default_run: bool = True  # part of the comparison run when no --fake-location is given
+    needs_producers: bool = False  # the run starts (or waits for) producers on an endpoint
+    # When the input limits and no producer figures say which side: what to try, and how to say what it delivered.
+    input_advice: Words = "add producers (--producers) or use zmq-consume"
+    delivers_words: Words = "the input delivers"
+    # When steps run slower than the baseline without waiting: the input's host work competes with them.
+    host_cpu_advice: Words = "move input work off the trainer's cores (zmq-consume, producers on other hosts)"
     validate: Callable[[Any], None] | None = None
     checks: Mapping[str, Callable[[Any], None]] = field(default_factory=dict)  # framework -> its own check
     frameworks: tuple[str, ...] = ("tf", "torch")  # the trainers with a half of this path
+    # The fields its halves add to a result (`result_fields()`): their schema, and how PyTorch's ranks merge them.
+    fields: tuple[ResultField, ...] = ()
 
     def check(self, cfg: Any, framework: str) -> None:
         """The shared checks, then `framework`'s own (raise ConfigError)."""
@@ -78,47 +82,33 @@ class Declaration:
             own(cfg)
 
     def words(self, field: str, framework: str) -> Any:
-        """The field's value for `framework` (None: the InputPath default stands)."""
+        """The field's value for `framework` (a field of words may say one thing per framework)."""
         value = getattr(self, field)
-        return value.get(framework) if isinstance(value, dict) else value
+        if isinstance(value, dict):
+            return value.get(framework, getattr(Declaration, field, None))
+        return value
+
+    def result_fields(self) -> dict[str, ResultField]:
+        """{name: field} of the fields this path adds to its results."""
+        return {f.name: f for f in self.fields}
 
 
 class InputPath:
     """What every input path provides, whatever the framework.
 
-    A framework's half names its path's `declaration`, which sets the class
-    attributes below (a class made elsewhere, e.g. in a test, may set them
-    itself), and overrides what it needs. A path object is made per run
-    (`cls(cfg)`), so it may keep the run's state (its sockets, producers,
-    counters) and report it through the stage contract below.
+    A framework's half names its path's `declaration` (what the path is, read
+    from there: `cls.declaration.name`) and overrides what it needs. A path
+    object is made per run (`cls(cfg)`), so it may keep the run's state (its
+    sockets, producers, counters) and report it through the stage contract below.
     """
 
-    declaration: ClassVar[Declaration | None] = None
-
-    name: ClassVar[str] = ""
+    declaration: ClassVar[Declaration] = Declaration(name="", summary="", order=100)
     framework: ClassVar[str] = ""  # "tf" or "torch"
-    summary: ClassVar[str] = ""  # one line for --help, the README table and docs
-    order: ClassVar[int] = 100  # position in tables; the baseline comes first
-    in_default_run: ClassVar[bool] = True  # part of the comparison run when no --fake-location is given
-    needs_producers: ClassVar[bool] = False  # the run starts (or waits for) producers on an endpoint
-    # What to try when this path's consumer side limits the run (the verdict quotes it).
-    advice: ClassVar[str] = "speed up the consumer"
-    # When the input limits and no producer figures say which side: what to try, and how to say what it delivered.
-    input_advice: ClassVar[str] = "add producers (--producers) or use zmq-consume"
-    delivers_words: ClassVar[str] = "the input delivers"
-    # When steps run slower than the baseline without waiting: the input's host work competes with them.
-    host_cpu_advice: ClassVar[str] = "move input work off the trainer's cores (zmq-consume, producers on other hosts)"
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A half that names its declaration takes its identity from it, for its own framework."""
-        super().__init_subclass__(**kwargs)
-        d = cls.__dict__.get("declaration")
-        if d is None:
-            return
-        for name in IDENTITY:
-            value = d.words(name, cls.framework)
-            if value is not None:
-                setattr(cls, name, value)
+    @property
+    def name(self) -> str:
+        """The path's name, as its declaration says (endpoints and error lines carry it)."""
+        return self.declaration.name
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -129,8 +119,7 @@ class InputPath:
 
         The declaration's checks: those both halves share, then this framework's own.
         """
-        if cls.declaration is not None:
-            cls.declaration.check(cfg, cls.framework)
+        cls.declaration.check(cfg, cls.framework)
 
     # --- the stage contract: raw state only; profiler.telemetry.stage_figures computes every figure ----------
     def counters(self, session: Any = None) -> dict | None:
@@ -150,21 +139,20 @@ class InputPath:
         return None
 
     def result_fields(self) -> dict:
-        """Fields this path adds to its result: per-producer accounting, batches pulled."""
+        """Fields this path adds to its result (per-producer accounting, batches pulled), each declared in its
+        declaration's `fields` (how ranks merge it, its schema)."""
         return {}
 
     def describe(self) -> dict[str, Any]:
         """What the report says about the path itself (kind, advice), next to its figures."""
+        d, fw = self.declaration, self.framework
+        words = {k: d.words(k, fw) for k in ("summary", "advice", "input_advice", "delivers_words", "host_cpu_advice")}
         return {
-            "name": self.name,
-            "summary": self.summary,
-            "advice": self.advice,
-            "input_advice": self.input_advice,
-            "delivers_words": self.delivers_words,
-            "host_cpu_advice": self.host_cpu_advice,
-            "needs_producers": self.needs_producers,
+            "name": d.name,
+            **words,
+            "needs_producers": d.needs_producers,
             # Who makes the batches (docs/results.schema.json); "feeder" is what puts a batch on a device (feeders/).
-            "batch_maker": batch_maker_of(self.cfg) if self.needs_producers else None,
+            "batch_maker": batch_maker_of(self.cfg) if d.needs_producers else None,
         }
 
 
@@ -195,56 +183,22 @@ def needs_data(cfg: Any, path: str) -> None:
 
 
 def register(cls: type[InputPath]) -> type[InputPath]:
-    """Class decorator: make `cls` available by its name for its framework."""
-    if not cls.name or cls.framework not in _registry:
-        raise TypeError(f"{cls.__name__}: an input path needs a name and a framework in {sorted(_registry)}")
-    _registry[cls.framework][cls.name] = cls
+    """Class decorator: make `cls` available by its declaration's name for its framework."""
+    d = cls.__dict__.get("declaration")
+    if d is None or not d.name or cls.framework not in _registry:
+        raise TypeError(
+            f"{cls.__name__}: an input path names its Declaration (declaration = PATH) and a framework in "
+            f"{sorted(_registry)}"
+        )
+    _registry[cls.framework][d.name] = cls
     return cls
 
 
-def load(framework: str) -> dict[str, type[InputPath]]:
-    """Every registered path of `framework`, importing its halves first."""
-    if framework not in _registry:
-        raise ConfigError(f"--framework {framework!r}: choose from {', '.join(sorted(_registry))}")
-    importlib.import_module(HALVES).import_halves(framework)
-    return dict(sorted(_registry[framework].items(), key=lambda kv: (kv[1].order, kv[0])))
-
-
 def registered(framework: str) -> dict[str, type[InputPath]]:
-    """The paths of `framework` registered so far, importing nothing (a class registered by the caller counts)."""
+    """The paths of `framework` registered so far, importing nothing (`consumers.declared.load` imports them)."""
     if framework not in _registry:
         raise ConfigError(f"--framework {framework!r}: choose from {', '.join(sorted(_registry))}")
     return dict(_registry[framework])
-
-
-def get(framework: str, name: str) -> type[InputPath]:
-    paths = load(framework)
-    if name not in paths:
-        raise ConfigError(
-            f"--fake-location {name!r}: no such input path for {framework} (choose from {', '.join(paths)})"
-        )
-    return paths[name]
-
-
-def names(framework: str) -> list[str]:
-    """Every path of `framework`, in table order, from the declarations (the framework is not imported)."""
-    return list(importlib.import_module(HALVES).declared(framework))
-
-
-def default_run(framework: str) -> list[str]:
-    """The paths a run compares when no --fake-location picks one (`in_default_run`), in table order."""
-    return [n for n, d in importlib.import_module(HALVES).declared(framework).items() if d.in_default_run]
-
-
-def batch_maker_line(cfg: Any, framework: str) -> str | None:
-    """The run's line saying who feeds its producer-fed paths (None when no chosen path takes producers)."""
-    known = importlib.import_module(HALVES).declared(framework)
-    if not any(known[n].needs_producers for n in cfg.paths if n in known):
-        return None
-    f = batch_maker_of(cfg)
-    if f["kind"] == "external":
-        return f"producers: {f['name']}"
-    return f"producers: {f['name']}, {cfg.producers} process(es) x {cfg.producer_workers} worker(s)"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from consumers import declared
 from core import registry
 from core.config import BenchConfig
 from harness.plugin import Trainer
@@ -80,4 +81,4 @@ def write_out(
         from profiler.plot import capacity_png
 
         extra["results.png"] = capacity_png(doc["paths"])
-    return write_results(out, doc, registry.names(framework), extra)
+    return write_results(out, doc, declared.names(framework), extra)

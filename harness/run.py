@@ -144,7 +144,7 @@ def run_paths(
     `batch_given`: --batch was on the command line (a capacity probe keeps it; otherwise it follows the rate).
     `timeline`: gets each path's step clock (its delivered images/s and timed windows).
     """
-    from core.registry import batch_maker_line
+    from consumers.declared import batch_maker_line
 
     if cfg.find_capacity:
         from runner.capacity import find_capacities

@@ -14,14 +14,14 @@ import pytest
 from conftest import ROOT, Procs, taken_port
 from tensorpack.callbacks import Callback
 
-from core import registry
+from consumers import declared
 from core.config import BenchConfig, apply_defaults
 from frameworks.tf_env import import_tf
 from harness.tf.run import InputError, run_path
 
 tf = import_tf()
 pytestmark = pytest.mark.timeout(300)
-PATHS = registry.default_run("tf")
+PATHS = declared.default_run("tf")
 
 
 def small(**kw) -> BenchConfig:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from core import registry
+from consumers import declared
 from core.config import BenchConfig, apply_defaults
 from core.registry import BASELINE
 from harness.tf.run import build
@@ -15,7 +15,7 @@ from harness.tf.run import build
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize("path", registry.default_run("tf"))
+@pytest.mark.parametrize("path", declared.default_run("tf"))
 def test_build_puts_each_tower_on_its_own_device_and_binds_nothing(path, ipc_dir):
     cfg = BenchConfig(batch=2, image_size=32, input_only=True, producers=1)
     apply_defaults(cfg, gpus=0)
@@ -29,8 +29,8 @@ def test_build_puts_each_tower_on_its_own_device_and_binds_nothing(path, ipc_dir
 
 def test_each_path_lives_in_its_own_file():
     # Paths registered from outside the project (tests/test_extra_path.py does) are not the project's.
-    ours = [n for n in registry.names("tf") if registry.get("tf", n).__module__.startswith("consumers.")]
+    ours = [n for n in declared.names("tf") if declared.get("tf", n).__module__.startswith("consumers.")]
     assert BASELINE in ours and len(ours) >= 6
     for name in ours:
-        where = inspect.getfile(registry.get("tf", name))
+        where = inspect.getfile(declared.get("tf", name))
         assert where.endswith(os.path.join("consumers", name.replace("-", "_"), "tf.py")), (name, where)

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import pytest
 
-from core import registry
+from consumers import declared
 from core.config import BenchConfig, apply_defaults
 from frameworks.tf_env import import_tf
 from harness.tf.kernels import gpu_device, missing_gpu_kernels, registry_has_gpu_kernels
 from harness.tf.run import build
 
 tf = import_tf()
-registry.load("tf")
+declared.load("tf")
 
 if not registry_has_gpu_kernels():
     pytest.skip(

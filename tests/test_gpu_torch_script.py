@@ -45,9 +45,9 @@ def test_the_wanted_steps_caps_add_up_to_the_budget_at_most(tmp_path, budget):
 
 def test_fake_location_takes_a_list_of_paths_after_the_baseline():
     from bench_input import config_from, parse_args
-    from consumers.declared import declared
+    from consumers import declared
 
-    choices = declared("torch")
+    choices = declared.of("torch")
     args = parse_args(["--framework", "torch", "--fake-location", "python-queue,zmq-consume,gpu"], choices)
     assert config_from(args, choices).paths == ["gpu", "python-queue", "zmq-consume"]
     from core.errors import ConfigError

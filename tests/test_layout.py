@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 NEUTRAL = ("core", "wire", "producers", "consumers", "profiler", "runner", "harness", "benchmarks")
 # Benchmarks of the TensorFlow op itself import TensorFlow by definition.
@@ -26,11 +28,11 @@ def is_half(module: str) -> bool:
     return bool(TF_HALF.match(module) or TORCH_HALF.match(module))
 
 
-def modules(packages, halves: bool = True) -> list[str]:
+def modules(packages, halves: bool = True, root: Path = ROOT) -> list[str]:
     out = []
     for pkg in packages:
-        for f in sorted((ROOT / pkg).rglob("*.py")):
-            rel = f.relative_to(ROOT).with_suffix("")
+        for f in sorted((root / pkg).rglob("*.py")):
+            rel = f.relative_to(root).with_suffix("")
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
             name = ".".join(parts)
             if halves or not is_half(name):
@@ -53,14 +55,45 @@ def test_the_neutral_packages_import_neither_tensorflow_nor_torch():
     assert len(names) > 30
 
 
-def imports_of(module: str) -> set[str]:
-    """Project modules `module` imports anywhere in its file (inside functions too: a hidden cycle is a cycle)."""
-    path = ROOT / (module.replace(".", "/") + ".py")
+def string_imports(tree: ast.AST) -> list[str]:
+    """Modules imported by a name written as a string: `importlib.import_module("x")`, `__import__("x")`, or
+    through a module-level constant that holds it (`HALVES = "x"` ... `import_module(HALVES)`)."""
+    constants = {
+        t.id: node.value.value
+        for node in getattr(tree, "body", [])
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        f, arg = node.func, node.args[0]
+        called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        if called not in ("import_module", "__import__"):
+            continue
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            found.append(arg.value)
+        elif isinstance(arg, ast.Name) and arg.id in constants:
+            found.append(constants[arg.id])
+    return found
+
+
+def source_of(module: str, root: Path = ROOT) -> ast.AST:
+    path = root / (module.replace(".", "/") + ".py")
     if not path.exists():
-        path = ROOT / module.replace(".", "/") / "__init__.py"
-    known = set(modules(PACKAGES)) | {"bench_input"}
+        path = root / module.replace(".", "/") / "__init__.py"
+    return ast.parse(path.read_text())
+
+
+def imports_of(module: str, root: Path = ROOT) -> set[str]:
+    """Project modules `module` imports anywhere in its file (inside functions too, and by a name written as a
+    string: a hidden cycle is a cycle)."""
+    known = set(modules(PACKAGES, root=root)) | {"bench_input"}
+    tree = source_of(module, root)
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -70,28 +103,62 @@ def imports_of(module: str) -> set[str]:
                 f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
             ]
         found |= {n for n in names if n in known and n != module}
-    return found
+    return found | {n for n in string_imports(tree) if n in known and n != module}
 
 
-def test_project_modules_import_each_other_without_cycles():
-    graph = {m: imports_of(m) for m in [*modules(PACKAGES), "bench_input"]}
+def import_cycle(root: Path = ROOT) -> str | None:
+    """The first import cycle among the project's modules under `root`, as `a -> b -> a`; None without one."""
+    graph = {m: imports_of(m, root) for m in [*modules(PACKAGES, root=root), "bench_input"]}
     state: dict[str, int] = {}
     stack: list[str] = []
 
-    def visit(m: str) -> None:
+    def visit(m: str) -> str | None:
         state[m] = 1
         stack.append(m)
         for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n) :] + [n]))
-            if n not in state:
-                visit(n)
+                return " -> ".join(stack[stack.index(n) :] + [n])
+            if n not in state and (cycle := visit(n)):
+                return cycle
         stack.pop()
         state[m] = 2
+        return None
 
     for m in sorted(graph):
-        if m not in state:
-            visit(m)
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_project_modules_import_each_other_without_cycles():
+    cycle = import_cycle()
+    assert cycle is None, f"import cycle: {cycle}"
+
+
+PLANTED = {
+    "literal": '    return importlib.import_module("consumers.declared").load(framework)\n',
+    "constant": "    return importlib.import_module(HALVES).load(framework)\n\n\nHALVES = 'consumers.declared'\n",
+}
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_a_string_import_that_closes_a_cycle_is_caught(tmp_path, planted):
+    """core/ importing consumers/ by a name in a string (importlib) is the loop back up the rule exists for."""
+    import shutil
+
+    for item in [*PACKAGES, "bench_input.py"]:
+        src = ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, tmp_path / item, ignore=shutil.ignore_patterns("*.so", "build", "__pycache__"))
+        else:
+            shutil.copy(src, tmp_path / item)
+    assert import_cycle(tmp_path) is None
+    registry = tmp_path / "core" / "registry.py"
+    registry.write_text(
+        registry.read_text() + "\n\ndef planted(framework):\n" + "    import importlib\n\n" + PLANTED[planted]
+    )
+    cycle = import_cycle(tmp_path)
+    assert cycle is not None and "core.registry" in cycle and "consumers.declared" in cycle, cycle
 
 
 def test_the_two_ends_of_the_wire_do_not_import_each_other():
@@ -102,11 +169,10 @@ def test_the_two_ends_of_the_wire_do_not_import_each_other():
 
 
 def imports_of_any(module: str) -> set[str]:
-    path = ROOT / (module.replace(".", "/") + ".py")
-    if not path.exists():
-        path = ROOT / module.replace(".", "/") / "__init__.py"
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    """Every module `module` names in an import (project or not), strings given to importlib included."""
+    tree = source_of(module)
+    out = set(string_imports(tree))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

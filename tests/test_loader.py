@@ -443,14 +443,14 @@ def test_the_tensorflow_trainer_runs_a_loader_in_its_own_process(data, tmp_path,
 
 
 def _verdict_of(cfg, share: float, producers: dict | None, ips: float, base: float, path: str = "zmq-consume"):
-    from core import registry
+    from consumers import declared
     from profiler.attribution import attribute, sentence
     from profiler.verdict import verdict
 
     r = {
         "images_per_sec": {"median": ips},
         "telemetry": {"input_wait_share": share, "producers": producers},
-        "input": registry.get("tf", path)(cfg).describe(),
+        "input": declared.get("tf", path)(cfg).describe(),
     }
     return verdict(path, r, base), r, attribute, sentence
 

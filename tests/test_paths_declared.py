@@ -33,14 +33,14 @@ def declarations() -> dict[str, Path]:
 def test_every_path_of_both_frameworks_takes_its_identity_from_one_declaration():
     code = (
         "import json\n"
-        "from consumers.declared import declared\n"
-        "from core import registry\n"
+        "from consumers import declared\n"
         "out = {}\n"
-        "words = lambda paths: [[n, p.summary, p.order, p.in_default_run] for n, p in paths.items()]\n"
-        "said = {fw: words(declared(fw)) for fw in ('tf', 'torch')}  # before any class is registered\n"
+        "words = lambda paths, fw: [[n, d.words('summary', fw), d.order, d.in_default_run] for n, d in paths.items()]\n"
+        "said = {fw: words(declared.of(fw), fw) for fw in ('tf', 'torch')}  # before any class is registered\n"
         "for fw in ('tf', 'torch'):\n"
-        "    out[f'{fw} (declared)'] = [said[fw], words(registry.load(fw))]\n"
-        "    for name, cls in registry.load(fw).items():\n"
+        "    classes = declared.load(fw)\n"
+        "    out[f'{fw} (declared)'] = [said[fw], words({n: c.declaration for n, c in classes.items()}, fw)]\n"
+        "    for name, cls in classes.items():\n"
         "        d = cls.__dict__.get('declaration')\n"
         "        out[f'{fw} {name}'] = [cls.__module__, d and type(d).__module__, d and d.name,\n"
         "                              d and sys.modules[cls.__module__].PATH is d]\n"
@@ -140,10 +140,11 @@ STAGE_FUNCTIONS = {"wire_figures", "queue_figures", "staging_figures", "delivere
 def test_every_registered_path_of_both_frameworks_keeps_to_the_stage_contract():
     code = (
         "import json, inspect\n"
+        "from consumers import declared\n"
         "from core import registry\n"
         "out = []\n"
         "for fw in ('tf', 'torch'):\n"
-        "    for name, cls in registry.load(fw).items():\n"
+        "    for name, cls in declared.load(fw).items():\n"
         "        for k in cls.__mro__[:-1]:\n"
         "            if k is registry.InputPath:\n"
         "                break\n"
@@ -242,3 +243,23 @@ def test_a_path_has_one_class_name_in_both_frameworks():
     assert all(len(n) == 1 for per in names.values() for n in per.values()), names
     differ = {pkg: per for pkg, per in names.items() if len({n[0] for n in per.values()}) > 1}
     assert not differ, f"a path's halves register classes of different names: {differ}"
+
+
+NUMBERS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+
+
+def test_the_readme_counts_the_default_run_and_the_paths_on_request_as_declared():
+    """README's "five in the default run ...; the others on request: three for TensorFlow, four for PyTorch"."""
+    import re
+
+    from consumers import declared
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"\((\w+) in the default run, the baseline among them; the others on request: (\w+) for "
+                  r"TensorFlow, (\w+) for PyTorch\)", text)  # fmt: skip
+    assert m, "README no longer says how many paths run by default"
+    default, tf_more, torch_more = (NUMBERS[w] for w in m.groups())
+    for fw, more in (("tf", tf_more), ("torch", torch_more)):
+        run = declared.default_run(fw)
+        assert len(run) == default and "gpu" in run, (fw, run)
+        assert len(declared.names(fw)) - len(run) == more, (fw, declared.names(fw))

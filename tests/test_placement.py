@@ -13,14 +13,14 @@ import re
 
 import pytest
 
-from core import registry
+from consumers import declared
 from core.config import BenchConfig, apply_defaults
 from frameworks.tf_env import import_tf
 from harness.tf.placement import TOWER_INPUTS, VARIABLE_OPS
 from harness.tf.run import build
 
 tf = import_tf()
-registry.load("tf")
+declared.load("tf")
 
 PATHS = ["gpu", "cpu", "python-queue", "python-dataset", "zmq-consume"]
 UPDATES = [("replicated", "cpu"), ("parameter_server", "cpu"), ("parameter_server", "gpu")]

@@ -11,7 +11,7 @@ import sys
 import pytest
 from tensorflow.core.framework.step_stats_pb2 import StepStats
 
-from core import registry
+from consumers import declared
 from core.config import BenchConfig, apply_defaults
 from harness.tf.run import run_path
 from profiler.sweep import COLUMNS, SweepError, split_args
@@ -19,7 +19,7 @@ from profiler.telemetry import exposed_input_us
 from profiler.verdict import add_verdicts, level_of, line, verdict
 
 pytestmark = pytest.mark.timeout(180)
-PATHS = registry.names("tf")
+PATHS = declared.names("tf")
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
@@ -27,7 +27,7 @@ def result(share, queue=None, producers=None, ips=100.0, path="python-queue") ->
     return {
         "images_per_sec": {"median": ips},
         "telemetry": {"input_wait_share": share, "queue": queue, "producers": producers},
-        "input": registry.get("tf", path)(None).describe(),  # what the path says about itself, as in a run
+        "input": declared.get("tf", path)(None).describe(),  # what the path says about itself, as in a run
     }
 
 

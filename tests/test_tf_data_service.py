@@ -82,7 +82,7 @@ def test_dynamic_mode_decodes_the_folder_and_delivers_each_batch_once(service, t
 def test_an_unreachable_dispatcher_is_one_line_naming_it():
     port = free_ports(1)[0]
     cfg = small(dispatcher=f"grpc://127.0.0.1:{port}", recv_timeout=5)
-    from core.registry import load
+    from consumers.declared import load
 
     with pytest.raises(ConfigError) as e:
         load("tf")[PATH].validate(cfg)

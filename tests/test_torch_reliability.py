@@ -219,10 +219,10 @@ def refusal(path: str, folder: str) -> str:
     """What rank 0's receiving code raises on the first batch an external producer sends to it in `folder`."""
     import torch
 
+    from consumers import declared
     from consumers.expect import receive_cap
     from consumers.python_dataset.torch import PullDataset
     from consumers.torch_half import RankContext
-    from core import registry
     from core.config import BenchConfig
 
     cfg = BenchConfig(paths=[path], num_gpus=1, batch=2, image_size=32, producers=1, input_only=True)
@@ -233,7 +233,7 @@ def refusal(path: str, folder: str) -> str:
         with pytest.raises(ValueError) as e:
             next(iter(source))
         return str(e.value)
-    reader = registry.get("torch", path)(cfg)  # the path a rank opens, reading rank 0's endpoint
+    reader = declared.get("torch", path)(cfg)  # the path a rank opens, reading rank 0's endpoint
     try:
         reader.open(RankContext(0, 1, 0, torch.device("cpu"), folder))
         with pytest.raises(ValueError) as e:

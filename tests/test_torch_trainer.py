@@ -99,7 +99,7 @@ def test_in_process_loaders_feed_exactly_the_steps(every_path, path):
 
 def test_the_trainer_imports_no_tensorflow():
     code = (
-        "import sys, core.registry as r; r.load('torch'); import harness.torch.run, harness.torch.launch;"
+        "import sys, consumers.declared as d; d.load('torch'); import harness.torch.run, harness.torch.launch;"
         "sys.exit('tensorflow' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core import registry
+from consumers import declared
 from profiler.attribution import sentence
 from profiler.capacity import CapacitySearch, overlap
 from profiler.plot import _can_scale, _caption, capacity_png, plot_png
@@ -182,7 +182,7 @@ def slower_with_idle_input(path: str, windows: list[float]) -> tuple[dict, dict]
     its input using no cores; ratios and intervals added."""
     cpu = {"input": {"total": {"cores": 0.0}, "producers": {"cores": 0.0}, "receive": {"cores": 0.0}}}
     slow = result(windows, telemetry={"input_wait_share": 0.0, "cpu": cpu},
-                  input=registry.get("tf", path)(None).describe())  # fmt: skip
+                  input=declared.get("tf", path)(None).describe())  # fmt: skip
     add_ratios({"gpu": result([100.0, 101.0, 99.0, 100.5, 100.2]), path: slow})
     return slow, cpu
 
@@ -253,7 +253,7 @@ def test_advice_never_points_to_a_path_this_run_measured_no_better():
     (1,579–2,212); python-queue's consumer advice must not say "use zmq-consume"."""
 
     def path(name: str, cap: list[float], ips: float) -> dict:
-        r = result([ips, ips * 1.01, ips * 0.99], input=registry.get("tf", name)(None).describe())
+        r = result([ips, ips * 1.01, ips * 0.99], input=declared.get("tf", name)(None).describe())
         r["telemetry"] = {"input_wait_share": 0.4, "producers": {"images_per_sec": ips, "send_wait_share": 0.98,
                                                                 "send_latency_ms": 113.0, "count": 2}}  # fmt: skip
         r["capacity"] = {"images_per_sec": cap[0], "interval": cap}

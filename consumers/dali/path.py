@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from consumers.fields import BATCHES_PULLED, DECODED_ON
 from core.errors import ConfigError
 from core.registry import Declaration, needs_data
+from core.result_fields import ResultField, per_rank
 
 TF_PLUGIN_INSTALL = (
     "pip install -e '.[dali]' (nvidia-dali-cuda120 and nvidia-dali-tf-plugin-cuda120, built with --no-build-isolation)"
@@ -35,6 +37,11 @@ def torch_plugin(cfg: Any) -> None:
         raise ConfigError(f"--fake-location dali: DALI's PyTorch plugin is not importable ({e})") from None
 
 
+# TensorFlow's half: where DALI decoded (one process; a PyTorch run's ranks say it in decoded_on).
+DALI_DEVICE = ResultField(
+    "dali_device", {"type": "string", "description": "tf dali: where DALI decoded"}, per_rank("on")
+)
+
 PATH = Declaration(
     name="dali",
     summary={
@@ -49,4 +56,5 @@ PATH = Declaration(
     },
     validate=validate,
     checks={"tf": tf_plugin, "torch": torch_plugin},
+    fields=(BATCHES_PULLED, DECODED_ON, DALI_DEVICE),
 )

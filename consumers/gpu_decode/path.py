@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from consumers.fields import PRODUCER_FED
 from core.errors import ConfigError
 from core.registry import Declaration, needs_data
+from core.result_fields import ResultField, rank_rows
 
 
 def validate(cfg: Any) -> None:
@@ -26,6 +28,29 @@ def installed(cfg: Any) -> None:
         raise ConfigError("--fake-location gpu-decode: torchvision is not installed (pip install torchvision)")
 
 
+# Per rank: how often its steps got each file of its producers' shards (FilesSeen in torch.py).
+FILES = ResultField(
+    "files",
+    {
+        "type": "array",
+        "description": "torch gpu-decode: per rank, the files of its producers' shards (mine), how many reached the step (delivered, distinct), and whether each came once per pass of the worker that sends it",
+        "items": {
+            "type": "object",
+            "required": ["rank", "mine", "skipped", "delivered", "distinct", "once_per_pass"],
+            "properties": {
+                "rank": {"type": "integer", "minimum": 0},
+                "mine": {"type": "integer", "minimum": 0},
+                "skipped": {"type": "integer", "minimum": 0, "description": "files the producers skipped: not JPEGs"},
+                "delivered": {"type": "integer", "minimum": 0},
+                "distinct": {"type": "integer", "minimum": 0},
+                "once_per_pass": {"type": "boolean"},
+            },
+            "additionalProperties": False,
+        },
+    },
+    rank_rows,
+)
+
 PATH = Declaration(
     name="gpu-decode",
     summary="producers send the JPEG files' bytes; each rank decodes, crops and resizes them on its device",
@@ -37,4 +62,5 @@ PATH = Declaration(
     validate=validate,
     checks={"torch": installed},
     frameworks=("torch",),
+    fields=(*PRODUCER_FED, FILES),
 )

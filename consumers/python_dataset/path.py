@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from consumers.fields import PRODUCER_FED
 from core.errors import ConfigError
 from core.registry import Declaration
 
@@ -39,4 +40,5 @@ PATH = Declaration(
         "--dataset-workers",
     },
     checks={"torch": workers_fed, "tf": in_process},
+    fields=PRODUCER_FED,
 )

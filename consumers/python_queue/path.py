@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from consumers.fields import PRODUCER_FED
 from core.registry import Declaration
 
 PATH = Declaration(
@@ -16,4 +17,5 @@ PATH = Declaration(
         "tf": "the Python receive loop limits: use zmq-consume (the native op) or more consumer threads",
         "torch": "the Python receive loop limits: use zmq-consume (native receive threads)",
     },
+    fields=PRODUCER_FED,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from consumers.fields import BATCHES_PULLED
 from core.errors import ConfigError
 from core.registry import Declaration, needs_data
 
@@ -30,4 +31,5 @@ PATH = Declaration(
     validate=validate,
     checks={"torch": installed},
     frameworks=("torch",),
+    fields=(BATCHES_PULLED,),
 )

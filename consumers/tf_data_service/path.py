@@ -6,8 +6,10 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from consumers.fields import PRODUCERS
 from core.errors import ConfigError
 from core.registry import Declaration, needs_data
+from core.result_fields import ResultField, per_rank
 
 NAME = "tf-data-service"
 MODES = ("off", "dynamic")  # tf.data.experimental.service.ShardingPolicy.OFF / DYNAMIC
@@ -51,6 +53,35 @@ def validate(cfg: Any) -> None:
         check_reachable(cfg.dispatcher, cfg.recv_timeout)
 
 
+# Where the service is and what its processes used (TensorFlow only: no ranks to merge).
+SERVICE = ResultField(
+    "service",
+    {
+        "type": "object",
+        "description": "tf-data-service: the tf.data service's dispatcher (grpc://HOST:PORT), its processing mode (off, dynamic), whether the run started it; for its own: the dispatcher's (head_cpu_cores) and each worker's CPU cores over the timed steps and whether more workers would help (more_workers); with dynamic sharding, what was delivered overall (delivered: received, distinct, duplicated, missing)",
+        "required": ["dispatcher", "mode", "started_here"],
+        "properties": {
+            "dispatcher": {"type": "string"},
+            "mode": {"enum": ["off", "dynamic"]},
+            "started_here": {"type": "boolean"},
+            "head_cpu_cores": {"$ref": "#/$defs/number_or_null"},
+            "workers": {"type": "array", "items": {"type": "object", "required": ["worker", "address", "cpu_cores"]}},
+            "more_workers": {"type": ["string", "null"]},
+            "delivered": {
+                "type": "object",
+                "required": ["received", "distinct", "duplicated", "missing"],
+                "properties": {
+                    "received": {"type": "integer", "minimum": 0},
+                    "distinct": {"type": "integer", "minimum": 0},
+                    "duplicated": {"type": "integer", "minimum": 0},
+                    "missing": {"type": "integer", "minimum": 0},
+                },
+            },
+        },
+    },
+    per_rank("service"),
+)
+
 PATH = Declaration(
     name=NAME,
     summary="tf.data service: a dispatcher and --service-workers worker processes make the batches, read over gRPC",
@@ -67,4 +98,5 @@ PATH = Declaration(
     ),
     delivers_words="the tf.data service workers deliver",
     validate=validate,
+    fields=(PRODUCERS, SERVICE),
 )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from consumers.fields import PRODUCER_FED
 from core.errors import ConfigError
 from core.registry import Declaration
+from core.result_fields import ResultField, all_true, summed_each
 
 
 def receiver_module() -> Any:
@@ -25,6 +27,28 @@ def receiver_builds(cfg: Any) -> None:
         raise ConfigError(f"--fake-location zmq-consume: the native receiver does not build: {e}") from None
 
 
+# Over shm://: whether every rank's tensors were the slots themselves.
+ZERO_COPY = ResultField(
+    "zero_copy",
+    {
+        "type": "boolean",
+        "description": "zmq-consume: the op's tensors were the shared-memory slots themselves (shm://, FEEDBENCH_ZERO_COPY unset or 1), not copies",
+    },
+    all_true,
+)
+# Slots registered with CUDA, or refused (then zero_copy is false), summed over the ranks.
+CUDA_REGIONS = ResultField(
+    "cuda_regions",
+    {
+        "type": "object",
+        "description": "torch zmq-consume over shm:// on a GPU, summed over ranks: shared-memory regions registered with CUDA (cudaHostRegister) and refused; a refused region's batches are staged through pinned memory and zero_copy is false",
+        "properties": {"registered": {"type": "integer", "minimum": 0}, "refused": {"type": "integer", "minimum": 0}},
+        "required": ["registered", "refused"],
+        "additionalProperties": False,
+    },
+    summed_each,
+)
+
 PATH = Declaration(
     name="zmq-consume",
     summary={
@@ -38,4 +62,5 @@ PATH = Declaration(
         "tf": "the pull op limits: check the wire format (native is one copy fewer) and --hwm",
         "torch": "the native receiver limits: check the wire format (native is one copy fewer) and --hwm",
     },
+    fields=(*PRODUCER_FED, ZERO_COPY, CUDA_REGIONS),
 )

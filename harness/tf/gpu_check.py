@@ -25,7 +25,7 @@ import re
 import sys
 import tempfile
 
-from core import registry
+from consumers import declared
 from core.config import BenchConfig, apply_defaults
 from core.errors import FeedbenchError
 from frameworks.tf_env import import_tf
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tensorflow: no GPU on this machine: nothing to place")
         return 0
     n = min(a.num_gpus or gpus, gpus)
-    paths = registry.default_run("tf")
+    paths = declared.default_run("tf")
     # Every path with the replicated update; the parameter-server updates move variables, not the input's
     # ops, so they are checked with the first path only (7 graphs, not 15, on one GPU).
     plans = [(path, n, UPDATES[0]) for path in paths] + [(paths[0], n, update) for update in UPDATES[1:]]

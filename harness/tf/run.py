@@ -22,12 +22,13 @@ from tensorpack.tfutils.sesscreate import NewSessionCreator
 from tensorpack.tfutils.sessinit import JustCurrentSession
 from tensorpack.tfutils.tower import get_current_tower_context
 
+from consumers import declared
 from consumers.expect import receive_cap
 from consumers.tf_expected import batch_error
 from consumers.tf_half import TFInputPath
-from core import registry
 from core.config import BenchConfig
 from core.errors import ConfigError, InputError
+from core.result_fields import refuse_undeclared
 from frameworks.tf_env import import_tf
 from harness.schedule import PROFILED_STEPS, Schedule
 from harness.tf import devices, placement
@@ -221,7 +222,7 @@ def build(
         cfg = replace(cfg, num_gpus=num_gpus)
     if cfg.max_msg_size is None:
         cfg.max_msg_size = receive_cap(cfg.batch, cfg.image_size)
-    path = registry.get("tf", path_name)(cfg, endpoint)
+    path = declared.get("tf", path_name)(cfg, endpoint)
     graph = tf.Graph()
     with graph.as_default():
         model = make_model(cfg)
@@ -274,7 +275,7 @@ def _train(built: Built, callbacks: list[Callback], has_gpu: bool, group: Produc
     a closed session, an ended stream), so it is asked first.
     """
     cfg, path = built.cfg, built.path
-    where = f"{path.name}: {path.endpoint}" if path.needs_producers else path.name
+    where = f"{path.name}: {path.endpoint}" if path.declaration.needs_producers else path.name
     try:
         built.trainer.train(
             callbacks=callbacks,
@@ -306,7 +307,7 @@ def _check_complete(built: Built, timer: StepTimer, group: ProducerGroup | None)
     needed = Schedule.of(cfg).total
     if len(timer.ends) >= needed:
         return
-    where = f"{path.name}: {path.endpoint}" if path.needs_producers else path.name
+    where = f"{path.name}: {path.endpoint}" if path.declaration.needs_producers else path.name
     why = path.failure() or ""
     if group is not None:
         try:
@@ -323,7 +324,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
     """
     # The run's own folder (sockets, producer stats) is made only for a path with producers, right
     # before they start, and under /tmp if TMPDIR is too long for a socket path.
-    own = registry.get("tf", path).needs_producers and not cfg.endpoint
+    own = declared.get("tf", path).declaration.needs_producers and not cfg.endpoint
     run_dir = RunDir(longest=path, transport=cfg.transport) if own else None
     group: ProducerGroup | None = None
     built: Built | None = None
@@ -334,7 +335,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
         cfg = built.cfg
         if has_gpu:
             warn_soft_placement(built.graph)
-        if cfg.endpoint and built.path.needs_producers:
+        if cfg.endpoint and built.path.declaration.needs_producers:
             # The op binds it, and ZMQ leaves the socket file behind (for shm://, the slot messages'
             # socket); a signal skips `finally` and the op's own clean-up, so it is a shutdown clean-up too.
             release_endpoint = functools.partial(release, cfg.endpoint, True)
@@ -375,6 +376,8 @@ def _result(built: Built, timer: StepTimer, callbacks: list[Callback], opened: f
         result["telemetry"] = telemetry.summary()
         cpu_use = next((c for c in callbacks if isinstance(c, CpuUse)), None)
         result["telemetry"]["cpu"] = cpu_use.summary() if cpu_use is not None else None
-    result.update(built.path.result_fields())  # after the telemetry: a path may read its window's figures
+    fields = built.path.result_fields()  # after the telemetry: a path may read its window's figures
+    refuse_undeclared(built.path.declaration.result_fields(), fields, built.path.name)
+    result.update(fields)
     add_common_fields(result, cfg, built.path.describe())
     return result

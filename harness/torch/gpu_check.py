@@ -7,7 +7,8 @@ in one line and exits 1. With GPUs it
 
 1. measures the pinned and pageable host -> device copy bandwidth of every GPU
    (pinned: the ceiling of every path that copies batches);
-2. trains every PyTorch input path for a few steps in one torchrun launch
+2. trains every declared PyTorch input path (consumers/<path>/path.py; all but
+   those `NOT_HERE` names, with why) for a few steps in one torchrun launch
    (the `gpu` baseline first; zmq-consume over shm:// in a second launch,
    its ranks' own producers writing the slots), with
    `torch.cuda.set_sync_debug_mode("error")` in the timed steps, so a step
@@ -18,37 +19,42 @@ in one line and exits 1. With GPUs it
 
 It exits non-zero when any path fails, or when zmq-consume over shm:// did
 not read its batches from CUDA-registered regions. `dali` and `spdl` read a
-small JPEG folder it makes; a path whose library is not installed is skipped.
+small JPEG folder it makes; a path its declaration's checks refuse (its
+library not installed) is skipped with the check's line.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
 
+from consumers import declared
 from core.cli_types import positive_int
+from core.errors import ConfigError
 
 # zmq-consume over shm:// (the ranks' own producers): tensors over the slots, DMA from CUDA-registered regions.
 SHM = "zmq-consume-shm"
-PATHS = ["gpu", "cpu", "python-queue", "python-dataset", "zmq-consume", SHM, "dali", "spdl"]
-NEEDS = {
-    "dali": "nvidia.dali.plugin.pytorch",
-    "spdl": "spdl.pipeline",
-    "zmq-consume": "zmq_ops.receiver",
-    SHM: "zmq_ops.receiver",
+# The declared paths this check does not train, and why.
+NOT_HERE = {
+    "loader": "it trains the user's --loader; the check has none",
+    "gpu-decode": "bench_input.py --real-data measures it on the GPU (scripts/gpu_torch_run.sh's real-data step)",
 }
 
 
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
+def check_paths() -> list[str]:
+    """Every declared PyTorch path but those NOT_HERE, in table order; zmq-consume also over shm:// (SHM)."""
+    out = []
+    for name in declared.names("torch"):
+        if name not in NOT_HERE:
+            out += [name, SHM] if name == "zmq-consume" else [name]
+    return out
+
+
+PATHS = check_paths()
 
 
 def launches(paths: list[str]) -> list[tuple[list[str], bool]]:
@@ -70,12 +76,10 @@ def shm_problem(result: dict) -> str | None:
     return None
 
 
-def run_paths(paths: list[str], shm: bool, args: argparse.Namespace, data: str, gpus: int) -> tuple[dict, str | None]:
-    """Train `paths` in one torchrun launch: ({path: result}, None) or ({}, the one line saying why it failed)."""
+def check_config(paths: list[str], shm: bool, args: argparse.Namespace, data: str, gpus: int):
+    """The BenchConfig that trains `paths` in one launch (over shm:// when `shm`)."""
     from consumers.expect import receive_cap
     from core.config import BenchConfig, apply_defaults
-    from harness.torch.launch import Nodes, launch
-    from harness.torch.run import SYNC_DEBUG_ENV
 
     cfg = BenchConfig(
         paths=paths, num_gpus=gpus, batch=args.batch, image_size=args.image_size, warmup_steps=args.warmup_steps,
@@ -84,6 +88,27 @@ def run_paths(paths: list[str], shm: bool, args: argparse.Namespace, data: str, 
     )  # fmt: skip
     apply_defaults(cfg, gpus)
     cfg.max_msg_size = receive_cap(cfg.batch, cfg.image_size)
+    return cfg
+
+
+def refused(paths: list[str], args: argparse.Namespace, data: str, gpus: int) -> dict[str, str]:
+    """{path: the line its declaration's checks refuse it with here (its library not installed)}."""
+    known = declared.of("torch")
+    out = {}
+    for name in paths:
+        try:
+            known["zmq-consume" if name == SHM else name].check(check_config([name], False, args, data, gpus), "torch")
+        except ConfigError as e:
+            out[name] = str(e)
+    return out
+
+
+def run_paths(paths: list[str], shm: bool, args: argparse.Namespace, data: str, gpus: int) -> tuple[dict, str | None]:
+    """Train `paths` in one torchrun launch: ({path: result}, None) or ({}, the one line saying why it failed)."""
+    from harness.torch.launch import Nodes, launch
+    from harness.torch.run import SYNC_DEBUG_ENV
+
+    cfg = check_config(paths, shm, args, data, gpus)
     folder = tempfile.mkdtemp(prefix="feedbench-check-")
     os.environ[SYNC_DEBUG_ENV] = "error"  # the ranks inherit it
     try:
@@ -153,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [x.strip() for x in a.paths.split(",") if x.strip()]
     unknown = [x for x in wanted if x not in PATHS]
     if unknown:
-        print(f"error: --paths: unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}", file=sys.stderr)
+        not_here = "".join(f"; {x}: {NOT_HERE[x]}" for x in unknown if x in NOT_HERE)
+        print(f"error: --paths: unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}{not_here}",
+              file=sys.stderr)  # fmt: skip
         return 2
 
     import torch
@@ -176,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check (PyTorch {torch.__version__}): {gpus} GPU(s), batch {a.batch}, {a.image_size}x{a.image_size}")
     print_bandwidth(gpus)
     order = ["gpu"] + [x for x in wanted if x != "gpu"]
-    skipped = [x for x in order if x in NEEDS and not _importable(NEEDS[x])]
-    rows = [[x, "", "", "", f"skipped: {NEEDS[x]} is not installed"] for x in skipped]
-    order = [x for x in order if x not in skipped]
     data = tempfile.mkdtemp(prefix="feedbench-jpegs-")
+    skipped = refused(order, a, data, gpus)
+    rows = [[x, "", "", "", f"skipped: {why}"] for x, why in skipped.items()]
+    order = [x for x in order if x not in skipped]
     results, failed = {}, 0
     try:
         if any(x in order for x in ("dali", "spdl")):

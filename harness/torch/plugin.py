@@ -146,10 +146,10 @@ def check_memory(cfg: BenchConfig, gpus: int) -> None:
     """Refuse, with the figure, a run whose ranks cannot fit in this machine's memory or its GPUs' (ConfigError)."""
     import psutil
 
-    from consumers.declared import declared
+    from consumers import declared
     from runner import memory
 
-    known = declared("torch")
+    known = declared.of("torch")
     fed = not cfg.endpoint and any(known[p].needs_producers for p in cfg.paths if p in known)
     est = memory.estimate(
         cfg.batch, cfg.image_size, cfg.num_gpus, gpus,

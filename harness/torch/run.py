@@ -72,12 +72,12 @@ def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
     """Warm-up + steps x repeats on this rank, fed by path `name`; this rank's figures."""
     import torch
 
-    from core import registry
+    from consumers import declared
     from harness.torch.measure import RankTimer, synchronize
     from profiler.cpu import input_cores, input_snapshot
 
     model, opt, scaler, amp = build(cfg, ctx.device, ctx.world)
-    path = registry.get("torch", name)(cfg)
+    path = declared.get("torch", name)(cfg)
     where = place(path, ctx)
     with open(os.path.join(ctx.result_dir, f"at-rank{ctx.rank}.txt"), "w") as f:
         f.write(where + "\n")  # what this rank was doing, should it die without a word
@@ -227,8 +227,7 @@ def _path_figures(path, timer, amp, window: tuple[dict | None, dict | None], sca
     """
     figures = timer.figures([float(s) for s in scales[: timer.needed]])
     figures["stages"] = stage_figures(path, *window)
-    figures.update(path.result_fields())
-    figures["decoded_on"] = path.decoded_on  # where DALI decoded, for the dali paths
+    figures["path_fields"] = path.rank_fields()  # merged over the ranks as the path's declaration says
     figures["batches_trained"] = timer.needed
     figures["amp"] = str(amp).replace("torch.", "") if amp is not None else None
     prefetch = getattr(path, "prefetch", None)  # a path with a queue: its occupancy at each step, for the timeline
@@ -288,7 +287,8 @@ def detail(e: BaseException, name: str) -> str:
 
 def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
     """Rank 0: the path's result in the shared schema, from every rank's figures."""
-    from core import registry
+    from consumers import declared
+    from core.result_fields import merge_path_fields
     from harness.schedule import Schedule
     from harness.torch.measure import combine
     from harness.torch.tracing import PROFILED_STEPS
@@ -299,29 +299,18 @@ def combined(cfg: BenchConfig, name: str, ranks: list[dict]) -> dict:
     # Which steps were timed: warm-up, then the windows; --profile's steps come after the last one.
     profiled = PROFILED_STEPS if cfg.profile_dir else 0
     result["schedule"] = Schedule(cfg.warmup_steps, cfg.steps, cfg.repeats, profiled=profiled).to_dict()
-    if any("producers" in r for r in ranks):
-        result["producers"] = [{"rank": r["rank"], **row} for r in ranks for row in r.get("producers", [])]
-    if any("batches_pulled" in r for r in ranks):
-        result["batches_pulled"] = sum(r.get("batches_pulled", 0) for r in ranks)
-        result["batches_pulled_per_rank"] = [r.get("batches_pulled", 0) for r in ranks]
+    path = declared.get("torch", name)
+    # The path's own fields, each merged as its declaration says (consumers/<path>/path.py `fields`).
+    result.update(merge_path_fields(path.declaration.result_fields(), ranks, name))
     result["batches_trained"] = sum(r["batches_trained"] for r in ranks)
-    if any("zero_copy" in r for r in ranks):  # zmq-consume: whether every rank's tensors were the shm slots
-        result["zero_copy"] = all(r.get("zero_copy") for r in ranks)
-    if any("cuda_regions" in r for r in ranks):  # registered with CUDA, or refused (then zero_copy is false)
-        regions = [r.get("cuda_regions", {}) for r in ranks]
-        result["cuda_regions"] = {k: sum(x.get(k, 0) for x in regions) for k in ("registered", "refused")}
     if any("input_cpu" in r for r in ranks):  # processes the ranks started and their input threads
         result["input_cpu"] = {"cores": sum(r["input_cpu"]["cores"] for r in ranks if "input_cpu" in r)}
-    if any("files" in r for r in ranks):  # gpu-decode: how often each rank's step got each file of its shards
-        result["files"] = [{"rank": r["rank"], **r["files"]} for r in ranks if "files" in r]
-    if any(r.get("decoded_on") for r in ranks):  # every result says where DALI decoded
-        result["decoded_on"] = [{"rank": r["rank"], "on": r.get("decoded_on")} for r in ranks]
     if cfg.telemetry:
         result["telemetry"].update(merge_rank_stages([r["stages"] for r in ranks]))
     else:
         result.pop("telemetry")
     # The fields every trainer's result has: size, batch, emulation label, the path's own words.
-    add_common_fields(result, cfg, registry.get("torch", name)(cfg).describe())
+    add_common_fields(result, cfg, path(cfg).describe())
     return result
 
 
