@@ -585,9 +585,9 @@ def _main(argv: list[str]) -> int:
     validate(cfg, framework)
     if grid is not None and grid.get("emulate_rate"):
         _check_swept_rates(grid, cfg)
-    from harness import plugin, run
+    from harness import run
 
-    trainer = plugin.load(framework, args)
+    trainer = run.load(framework, args)
     if task is not None:  # a task of a TensorFlow cluster: the cluster's own run and report
         return trainer.run_task(cfg, task)
     return compared(comparison, run.main(trainer, cfg, base, grid, args.out, args.bench))

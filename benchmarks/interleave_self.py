@@ -25,13 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=positive_int, help="timed steps of each run's window (default: the machine's)")
     args = p.parse_args(argv)
 
-    from harness import plugin
+    from harness import run as harness_run
     from harness.interleave import alternate
     from harness.run import one_path, prepare
     from profiler.uncertainty import ratio_interval
 
     one_node = argparse.Namespace(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None)
-    trainer = plugin.load(args.framework, one_node)
+    trainer = harness_run.load(args.framework, one_node)
     gpus = trainer.gpu_count()
     cfg = BenchConfig(paths=[BASELINE], input_only=args.input_only, steps=args.steps, interleave=args.pairs)
     for note in prepare(trainer, cfg, gpus):

@@ -30,11 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--framework", choices=("tf", "torch"), default="tf", help="the trainer whose telemetry is measured")
     args = p.parse_args(argv)
 
-    from harness import plugin
+    from harness import run as harness_run
     from harness.run import one_path, prepare
 
     one_node = argparse.Namespace(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None)
-    trainer = plugin.load(args.framework, one_node)
+    trainer = harness_run.load(args.framework, one_node)
     gpus = trainer.gpu_count()
 
     def config(telemetry: bool) -> BenchConfig:

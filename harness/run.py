@@ -1,29 +1,100 @@
 """One run of bench_input.py, whatever the framework: defaults, checks, the paths, the report, the files.
 
-The plugin (harness/plugin.py) trains; this module decides what is run
-(every path, a capacity search, a sweep, `make bench`'s two parts) and
-says what came out. Both trainers go through the same functions, so a
-figure, a line of the report and a field of the JSON mean the same thing
-for TensorFlow and PyTorch.
+A framework's plugin (`Trainer`, found by `load`: harness/tf/run.py,
+harness/torch/plugin.py) trains; this module decides what is run (every
+path, a capacity search, a sweep, `make bench`'s two parts) and says what
+came out, as text and as data: one JSON document for every framework
+(docs/results.schema.json). A run's document and a sweep's share their
+blocks: `framework`, `config`, `device`, `model`, `started`, and per grid
+point `paths`. `--json` writes a run's document; `--out` writes it (or a
+sweep's) with flat `rows` as results.json, .csv, .md and .png (a capacity
+run's rows and results.md carry each path's capacity; its results.png is
+the capacity chart), each file atomically, a set an earlier run left in the
+folder kept in its `earlier/` folder. Both trainers go through the same
+functions, so a figure, a line of the report and a field of the JSON mean
+the same thing for TensorFlow and PyTorch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, Protocol
 
+from consumers import declared
+from core import registry
 from core.config import BASELINE, BenchConfig, apply_defaults
 from core.errors import ConfigError
-from harness.plugin import Trainer
 from profiler.gpu_state import GpuState
 from profiler.timeline import Timeline, take_clocks
 from profiler.timeline import out_files as timeline_files
 
 MEMORY_SHARE = 16  # a run keeps about this many batches in memory (queues, staging, producer pools)
+
+
+# Where each framework's plugin lives; importing it is the only place a framework is loaded.
+PLUGINS = {"tf": "harness.tf.plugin", "torch": "harness.torch.plugin"}
+
+
+class Trainer(Protocol):
+    """A framework plugin, as the harness (harness/run.py) drives it.
+
+    The harness owns the run: it applies the machine's defaults, checks the
+    configuration, prints the table and verdicts and writes the files. The
+    plugin only knows its framework: how many devices it sees, what it adds
+    to the defaults, and how to train a list of input paths.
+    """
+
+    framework: str  # "tf" or "torch", as in --framework and the registry
+    words: str  # "TensorFlow 2.21.0": how the header and the JSON name the trainer
+
+    def gpu_count(self) -> int:
+        """The GPUs this framework can use (0 on a CPU machine); refuses (ConfigError) a GPU it cannot see."""
+        ...
+
+    def defaults(self, cfg: BenchConfig, gpus: int) -> list[str]:
+        """The plugin's own defaults on top of core.config.apply_defaults, as notes for the user."""
+        ...
+
+    def check(self, cfg: BenchConfig, gpus: int) -> None:
+        """Refuse (ConfigError) a grid point this machine cannot run, before anything starts."""
+        ...
+
+    def devices(self, cfg: BenchConfig) -> int:
+        """Devices trained in one run of `cfg` (towers, or ranks on every node)."""
+        ...
+
+    def header(self, cfg: BenchConfig, model: str, gpus: int) -> str:
+        """The run's first line: the trainer, `model` (the model's words), devices, batch and schedule."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The machine and the framework's versions, for the report's `device` block."""
+        ...
+
+    def config_fields(self) -> dict[str, Any]:
+        """Fields the framework adds to the report's `config` (e.g. nodes)."""
+        ...
+
+    def run(self, cfg: BenchConfig) -> dict[str, dict] | None:
+        """Train every path of `cfg.paths` in turn; {path: result}, or None where another process reports."""
+        ...
+
+    def how_to_open(self, profile_dir: str) -> str:
+        """What to type to look at a --profile folder."""
+        ...
+
+
+def load(framework: str, args: Any) -> Trainer:
+    """The plugin of `framework` (importing its framework), for the parsed flags `args`."""
+    if framework not in PLUGINS:
+        raise ConfigError(f"--framework {framework!r}: choose from {', '.join(sorted(PLUGINS))}")
+    return importlib.import_module(PLUGINS[framework]).plugin(args)
 
 
 def model_words(cfg: BenchConfig, rates: list[float] | None = None) -> str:
@@ -223,7 +294,6 @@ def report(
     `bench`: `make bench`'s first half, which an emulated capacity table follows on a machine without a GPU.
     `timeline`: the run's samples, written as timeline.{json,png} with --out's other files.
     """
-    from harness import document
     from profiler import report as tables
     from profiler.cluster_report import rank_lines
     from profiler.first_batch import line as first_batch_line
@@ -255,13 +325,13 @@ def report(
     if cfg.profile_dir:
         print()
         print(plugin.how_to_open(cfg.profile_dir))
-    doc = document.run_document(plugin, cfg, results, started)
+    doc = run_document(plugin, cfg, results, started)
     if cfg.json_path:  # first: what --out's folder holds cannot cost the run its --json
         tables.write_json(cfg.json_path, doc)
         print(f"\nwrote {cfg.json_path}")
     if out:
         extra = timeline_files(timeline.document()) if timeline is not None else None
-        files = document.write_out(
+        files = write_out(
             out, plugin.framework, {**doc, "rows": rows_of([{"config": doc["config"], "paths": results}])}, cfg, extra
         )
         print("\n" + "\n".join(f"wrote {f}" for f in files))
@@ -271,7 +341,6 @@ def sweep(plugin: Trainer, base: BenchConfig, grid: dict, gpus: int, out: str) -
     """--sweep: every grid point's paths, each point checked before the first starts; results.* in `out`."""
     from tqdm import tqdm
 
-    from harness import document
     from profiler import report as tables
     from profiler.progress import interactive
     from profiler.sweep import points
@@ -300,14 +369,79 @@ def sweep(plugin: Trainer, base: BenchConfig, grid: dict, gpus: int, out: str) -
             tables.add_ratios(results, steps_per_window=cfg.steps)
             if cfg.telemetry:
                 add_verdicts(results, framework=plugin.framework)
-            runs.append({"config": document.config_of(plugin, cfg), "paths": results})
+            runs.append({"config": config_of(plugin, cfg), "paths": results})
     finally:
         bar.close()
     if not runs:
         return 0
-    doc = document.sweep_document(plugin, grid, runs, started, model_words(configs[0], grid.get("emulate_rate")))
-    files = document.write_out(out, plugin.framework, doc, None)
+    doc = sweep_document(plugin, grid, runs, started, model_words(configs[0], grid.get("emulate_rate")))
+    files = write_out(out, plugin.framework, doc, None)
     print()
     print(open(os.path.join(out, "results.md")).read())
     print("\n".join(f"wrote {f}" for f in files))
     return 0
+
+
+def config_of(plugin: Trainer, cfg: BenchConfig) -> dict[str, Any]:
+    """The run's configuration as the report gives it: every BenchConfig field and the framework's."""
+    return {**cfg.to_dict(), "framework": plugin.framework, **plugin.config_fields()}
+
+
+def model_of(cfg: BenchConfig) -> dict[str, Any]:
+    """What the devices ran; an emulated device says so, with its rate and the rate's source (docs/emulated.md)."""
+    if cfg.model == "emulated":
+        return dict(cfg.emulation)
+    return {"emulated": False, "name": "ResNet-50", "version": cfg.resnet_version, "input_only": cfg.input_only}
+
+
+def run_document(plugin: Trainer, cfg: BenchConfig, results: dict[str, dict], started: float) -> dict[str, Any]:
+    """A run's document: its configuration, machine, model, the baseline, each path's result and capacity."""
+    base = results.get(registry.BASELINE, {})
+    config = config_of(plugin, cfg)
+    return {
+        "framework": plugin.framework,
+        "trainer": plugin.words,
+        "config": config,
+        "device": plugin.describe(),
+        "model": model_of(cfg),
+        "reference": {"baseline": registry.BASELINE, "baseline_images_per_sec": base.get("images_per_sec")},
+        "started": started,
+        "paths": results,
+        # Per path: the highest demand sustained at >= 97% of the baseline, with every probe tried.
+        "capacity": {p: r["capacity"] for p, r in results.items() if r.get("capacity")} or None,
+    }
+
+
+def sweep_document(plugin: Trainer, grid: dict, runs: list[dict], started: float, model: str) -> dict[str, Any]:
+    """A sweep's document: the grid, and per point its configuration and paths, with flat rows."""
+    from profiler.sweep import rows_of
+
+    size = runs[0]["config"]["image_size"]
+    return {
+        "framework": plugin.framework,
+        "trainer": plugin.words,
+        "grid": dict(grid),
+        "device": plugin.describe(),
+        "started": started,
+        "title": f"{plugin.words}, {model}, {size}px",
+        "rows": rows_of(runs),
+        "runs": runs,
+    }
+
+
+def write_out(
+    out: str, framework: str, doc: dict, cfg: BenchConfig | None, extra: dict[str, str | bytes] | None = None
+) -> list[str]:
+    """--out: results.{json,csv,md,png}, all of them or none; an earlier set there is kept (profiler/earlier.py).
+
+    A capacity run's results.png is the capacity chart: the paths ranked by their capacity, as its table and
+    results.md rank them, not by the first probe's images/s. `extra`: more files of the run (its timeline).
+    """
+    from profiler.sweep import write_results
+
+    extra = dict(extra or {})
+    if cfg is not None and cfg.find_capacity:
+        from profiler.plot import capacity_png
+
+        extra["results.png"] = capacity_png(doc["paths"])
+    return write_results(out, doc, declared.names(framework), extra)

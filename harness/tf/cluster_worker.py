@@ -90,7 +90,7 @@ def run_task(cfg: BenchConfig, cc: ClusterConfig, has_gpu: bool, trainer=None) -
     print(cluster_report.table(result))
     print("\n".join(cluster_report.summary_lines(result)))
     if cfg.json_path:
-        from harness.document import run_document
+        from harness.run import run_document
         from profiler.report import write_json
 
         write_json(cfg.json_path, run_document(trainer, cfg, {path: result}, started))

@@ -1,4 +1,4 @@
-"""The TensorFlow plugin of the harness (harness/plugin.py): tensorpack's multi-tower trainers, in process.
+"""The TensorFlow plugin of the harness (harness/run.py `Trainer`): tensorpack's multi-tower trainers, in process.
 
 Each input path is one graph, trained by harness/tf/run.py:run_path in this
 process; a task of a TensorFlow cluster runs through harness/tf/cluster_worker.py.

@@ -1,4 +1,4 @@
-"""The PyTorch plugin of the harness (harness/plugin.py): torchrun ranks, DDP, and what they report.
+"""The PyTorch plugin of the harness (harness/run.py `Trainer`): torchrun ranks, DDP, and what they report.
 
 `bench_input.py --framework torch` drives it like the TensorFlow one: the
 harness applies defaults, checks and reports; this plugin only says what
