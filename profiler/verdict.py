@@ -278,6 +278,23 @@ def _input_cores(result: dict) -> float | None:
         return None
 
 
+def _emulated_advice(capacity: dict | None) -> str:
+    """The advice where the emulated devices set the pace: in a capacity run this result is the capacity's own
+    probe, which kept up by definition, and the capacity above says where the input stops keeping up."""
+    bracket = (capacity or {}).get("bracket_per_device")
+    if not bracket:
+        return (
+            "the input keeps up with the emulated devices' fixed rate: ask more of it (more devices, a higher "
+            "--emulate-rate, or --find-capacity) to see where it stops keeping up"
+        )
+    ok, short = bracket
+    return (
+        f"this is the capacity's own probe, at {ok:,.0f} img/s per device, where the input keeps up; at "
+        f"{short:,.0f} per device it fell short: its capacity, {capacity['images_per_sec']:,.0f} img/s, is where "
+        "it stops keeping up"
+    )
+
+
 def _trainer_limits(
     path: str, result: dict, evidence: list[str], baseline_ips: float | None, framework: str | None = None
 ) -> tuple[str, str]:
@@ -295,10 +312,7 @@ def _trainer_limits(
     faster = FASTER_STEP.get(framework, FASTER_STEP[None])
     advice = f"the input keeps up: a faster model step ({faster}) is what would help"
     if (result.get("emulated") or {}).get("emulated"):  # the step's rate is fixed: fp16 or XLA change nothing
-        advice = (
-            "the input keeps up with the emulated devices' fixed rate: ask more of it (more devices, a higher "
-            "--emulate-rate, or --find-capacity) to see where it stops keeping up"
-        )
+        advice = _emulated_advice(result.get("capacity"))
     if baseline_ips:
         evidence.append(f"{rate_figure(ips)} img/s against {baseline_ips:.0f} img/s with on-device data")
         if _clearly_below(result, ips, baseline_ips):

@@ -128,6 +128,10 @@ def test_capacity_results_are_written_whole_and_an_earlier_set_is_kept(bad, tmp_
         assert f"{cap['images_per_sec']:,.0f}" in (out / "results.md").read_text()
     assert "capacity img/s (interval)" in (out / "results.md").read_text()
     assert not (out / "capacity.png").exists()  # results.png is the capacity chart
+    # The verdict under the capacity table is the capacity's own probe's: it never asks for a capacity search.
+    assert "--find-capacity) to see where it stops keeping up" not in text
+    if cap.get("bracket_per_device") and "cpu: not input-bound" in text:
+        assert "this is the capacity's own probe" in text, text[-3000:]
     (kept,) = (out / "earlier").iterdir()
     assert json.loads((kept / "results.json").read_text()) == first
     assert sorted(os.listdir(kept)) == [
