@@ -62,6 +62,20 @@ def running(pid: int) -> bool:
         return False
 
 
+def assert_cache_servers_stopped_and_named(p: subprocess.Popen, folder: Path, timeout: float) -> None:
+    """The run ended well, named CACHE_SERVER's two processes in one note, and left neither (nor anything else)."""
+    code, _, err = finish(p, timeout)
+    assert code == 0, err[-3000:]
+    assert not error_lines(err)
+    notes = [ln for ln in err.splitlines() if "its callable started processes" in ln]
+    assert len(notes) == 1, err[-3000:]
+    assert "multiprocessing.Process 'cache-server'" in notes[0] and "sleep 600" in notes[0]
+    started = [int(f.name.split("-")[1]) for f in folder.iterdir()]
+    assert any(f.name.startswith("mp-") for f in folder.iterdir()), started  # the servers did run
+    assert [pid for pid in started if running(pid)] == []
+    assert left_in_session(p.pid) == []
+
+
 @pytest.mark.parametrize(
     "mode",
     [
@@ -82,17 +96,7 @@ def test_processes_a_loader_s_callable_starts_are_stopped_and_named_in_every_mod
         "bench_input.py", "--loader", f"{tmp_path}/cache_loader.py:make", "--loader-arg", f"folder={folder}",
         "--loader-only", *mode,
     )  # fmt: skip
-    code, out, err = finish(p, 120)
-    assert code == 0, err[-3000:]
-    assert not error_lines(err)
-    notes = [ln for ln in err.splitlines() if "its callable started processes" in ln]
-    assert len(notes) == 1, err[-3000:]
-    assert "multiprocessing.Process 'cache-server'" in notes[0] and "sleep 600" in notes[0]
-    started = [int(f.name.split("-")[1]) for f in folder.iterdir()]
-    assert any(f.name.startswith("mp-") for f in folder.iterdir()), started
-    assert [pid for pid in started if running(pid)] == []
-    assert left_in_session(p.pid) == []
-    assert os.listdir(folder)  # the servers did run
+    assert_cache_servers_stopped_and_named(p, folder, 120)
 
 
 @pytest.mark.parametrize("framework", ["tf", "torch"])
@@ -108,15 +112,7 @@ def test_processes_a_loader_s_callable_starts_are_stopped_and_named_after_a_trai
         "--loader-arg", f"folder={folder}", "--fake-location", "loader", "--input-only", "--num-gpus", "1",
         "--batch", "4", "--image-size", "8", "--warmup-steps", "1", "--steps", "2", "--repeats", "1",
     )  # fmt: skip
-    code, out, err = finish(p, 240)
-    assert code == 0, err[-3000:]
-    notes = [ln for ln in err.splitlines() if "its callable started processes" in ln]
-    assert len(notes) == 1, err[-3000:]
-    assert "multiprocessing.Process 'cache-server'" in notes[0] and "sleep 600" in notes[0]
-    started = [int(f.name.split("-")[1]) for f in folder.iterdir()]
-    assert any(f.name.startswith("mp-") for f in folder.iterdir()), started
-    assert [pid for pid in started if running(pid)] == []
-    assert left_in_session(p.pid) == []
+    assert_cache_servers_stopped_and_named(p, folder, 240)
 
 
 # A DataLoader with two worker processes over samples that take 0.25 s each: a worker's first batch comes after a
