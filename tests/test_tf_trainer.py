@@ -1,4 +1,5 @@
-"""The trainer: every input path trains, towers stay in sync, the accounting adds up, bad flags fail cleanly."""
+"""The TensorFlow trainer (harness/tf/): every input path trains, towers stay in sync, the accounting adds up,
+bad flags fail cleanly."""
 
 from __future__ import annotations
 
