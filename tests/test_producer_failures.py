@@ -1,8 +1,9 @@
-"""Failures a user can meet, each ending in one line that names its cause and leaving nothing behind.
+"""A producer that dies, is killed, stalls or goes on alone: the run ends in one line naming it, or trains on.
 
-Real processes, real sockets, real signals: a trainer killed with SIGKILL, producers that die at
-start or are killed, a sender of garbage, ipc paths that are taken, too long, or unreachable.
-docs/reliability.md lists the same failures with the lines they print.
+Real producer processes of both trainers, fed from real sockets: a producer dying at start or killed with SIGKILL
+(reported as such, with its path and endpoint), a producer whose run is already gone (it exits and removes only its
+sockets), a silent producer (a plain receive timeout), `--continue` training on with the others, a killed producer
+group leaving no semaphores, and producer flags at absurd values ending cleanly. docs/reliability.md lists the lines.
 """
 
 from __future__ import annotations
@@ -13,92 +14,31 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
-import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
-import zmq
 from conftest import descendants
+from failing_runs import (
+    FAULT_RUN,
+    TORCH_LONG,
+    cmdline,
+    needs_torch,
+    one_error_line,
+    run_folders,
+    small,
+    wait_for_producers,
+    wait_for_rank_producers,
+)
+from test_loader import finish, start
 
 from consumers.zmq_pull import PullConsumer
-from core.config import BenchConfig, apply_defaults
 from core.errors import InputError
 from harness.tf.run import run_path
 from producers.commands import producer_argv as producer_command
 from runner.producer_group import ProducerGroup
-from wire import message
-from wire.endpoints import EndpointError
 
 pytestmark = pytest.mark.timeout(180)
-
-FAST = ["--input-only", "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--repeats", "1"]
-
-
-def small(**kw) -> BenchConfig:
-    base = {"batch": 2, "image_size": 32, "num_gpus": 1, "warmup_steps": 1, "steps": 2, "repeats": 1}
-    cfg = BenchConfig(**{"producers": 1, "input_only": True, "recv_timeout": 60, **base, **kw})
-    apply_defaults(cfg, gpus=0)
-    return cfg
-
-
-def _is_producer_of(p: psutil.Process, pid: int) -> bool:
-    try:
-        return p.ppid() == pid and "producers" in " ".join(p.cmdline())
-    except psutil.Error:  # gone, or a zombie not yet reaped
-        return False
-
-
-def producers_of(pid: int, n: int, timeout: float = 90) -> list[psutil.Process]:
-    """The run's producer processes (not their workers), once n of them are up."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        tops = [p for p in descendants(pid) if _is_producer_of(p, pid)]
-        if len(tops) >= n:
-            return tops
-        time.sleep(0.1)
-    raise AssertionError(f"{n} producers did not start")
-
-
-def kill_all(ps: list[psutil.Process]) -> None:
-    for p in ps:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
-# A trainer that dies takes its producers and its socket folder with it.
-
-
-def test_a_trainer_killed_with_sigkill_takes_its_producers_and_socket_folder_with_it(procs, ipc_dir):
-    env = {**os.environ, "TMPDIR": ipc_dir}  # the run's socket folder goes here, where we can see it
-    # Slow producers keep the run in its python-queue steps (the gpu baseline before it is quick).
-    run = procs.start("bench_input.py", "--fake-location", "python-queue", *FAST, "--steps", "1000",
-                      "--producers", "2", "--producer-workers", "2", "--producer-rate", "4", env=env)  # fmt: skip
-    tops = producers_of(run.pid, 2)
-    while not [d for d in os.listdir(ipc_dir) if d.startswith("feedbench-")]:
-        time.sleep(0.1)
-    deadline = time.monotonic() + 60
-    while len(descendants(run.pid)) < 6 and time.monotonic() < deadline:  # two producers, two workers each
-        time.sleep(0.1)
-    time.sleep(1.0)  # into the steps: the workers are sending
-    everything = descendants(run.pid)
-    assert len(everything) >= 6, "two producers with two workers each"
-    run.kill()
-    run.wait()
-    try:
-        # Producers watch their parent: they go within a second or so, not after their 60 s give-up timer.
-        left = psutil.wait_procs(everything, timeout=20)[1]
-        assert not left, f"{len(left)} producer processes outlived the killed trainer"
-        deadline = time.monotonic() + 10
-        while os.listdir(ipc_dir) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not os.listdir(ipc_dir), "the killed run's socket folder was left behind"
-    finally:
-        kill_all(everything + tops)
 
 
 def test_a_producer_whose_run_is_already_gone_exits_and_removes_only_sockets(procs, ipc_dir):
@@ -117,8 +57,6 @@ def test_a_producer_whose_run_is_already_gone_exits_and_removes_only_sockets(pro
 
 
 # A producer that dies before its first batch is reported at once, with its own last line.
-
-
 @pytest.mark.parametrize("path", ["python-queue", "python-dataset", "zmq-consume"])
 def test_a_producer_that_dies_at_start_is_reported_with_its_own_line(tmp_path, path):
     empty = tmp_path / "empty"
@@ -149,109 +87,6 @@ def test_a_killed_producer_is_reported_as_killed_by_sigkill(ipc_dir):
     assert line == "producer 0 exited, killed by SIGKILL"
 
 
-# Bad messages from an external sender: one line naming the path, the endpoint and the field.
-
-GARBAGE = textwrap.dedent(
-    """
-    import os, sys, time, zmq
-    kind = sys.argv[2]
-    message = {"magic": b"FEED" + bytes(60), "empty": b"", "random": os.urandom(300),
-               "huge": (1).to_bytes(4, "little") + (4).to_bytes(4, "little") + (1).to_bytes(4, "little")
-                       + (2).to_bytes(4, "little") + (1 << 40).to_bytes(8, "little")}[kind]
-    sock = zmq.Context().socket(zmq.PUSH)
-    sock.connect(sys.argv[1])
-    while True:
-        sock.send(message)
-        time.sleep(0.05)
-    """
-)
-
-
-@pytest.mark.parametrize(
-    "path, kind, what",
-    [
-        ("python-queue", "magic", r"n_tensors: \d+ is outside"),
-        ("python-dataset", "empty", r"message is empty|truncated|n_tensors"),
-        ("zmq-consume", "random", r"bad zmq_ops message: "),
-        ("python-dataset", "huge", r"nbytes"),
-    ],
-)
-def test_garbage_from_an_external_sender_ends_the_run_in_one_line_naming_the_field(
-    procs, ipc_dir, capfd, path, kind, what
-):
-    endpoint = f"ipc://{ipc_dir}/ext"
-    procs.start("-c", GARBAGE, endpoint, kind)
-    with pytest.raises(InputError) as e:
-        run_path(small(endpoint=endpoint), path, False)
-    line = str(e.value)
-    assert "\n" not in line and line.startswith(f"{path}: {endpoint}: "), line
-    assert re.search(what, line), line
-    assert "Traceback" not in capfd.readouterr().err, "no feeding-thread traceback on the way"
-    assert not os.path.exists(endpoint[len("ipc://") :]), "the run removes the socket file it bound"
-
-
-def test_silence_on_python_dataset_is_a_plain_timeout_not_an_unknown_error(ipc_dir, capfd):
-    endpoint = f"ipc://{ipc_dir}/quiet"
-    with pytest.raises(InputError) as e:
-        run_path(small(endpoint=endpoint, recv_timeout=1), "python-dataset", False)
-    assert str(e.value) == f"python-dataset: {endpoint}: no batch within 1 s"
-    assert "Traceback" not in capfd.readouterr().err
-
-
-# ipc endpoints: not taken over, not too long, not inproc for a producer; nothing left behind.
-
-
-def test_a_second_bind_on_a_live_ipc_path_is_address_in_use(procs, ipc_dir):
-    endpoint = f"ipc://{ipc_dir}/taken"
-    with PullConsumer(endpoint, recv_timeout=1):
-        with pytest.raises(EndpointError, match="cannot bind: address already in use"):
-            PullConsumer(endpoint)
-        second = procs.producer(endpoint, "--bind", "--batch", "2", "--image-size", "8")
-        _, err = second.communicate(timeout=60)
-        assert second.returncode == 2
-        assert err.strip() == f"error: endpoint {endpoint!r}: cannot bind: address already in use"
-        assert os.path.exists(f"{ipc_dir}/taken"), "the refused bind left the live socket's file alone"
-    assert not os.path.exists(f"{ipc_dir}/taken"), "the consumer removes its socket file when it closes"
-
-
-def test_a_stale_ipc_socket_file_is_reused(ipc_dir):
-    path = f"{ipc_dir}/stale"
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(path)
-    s.close()  # the file stays, nobody listens: what a crashed process leaves
-    endpoint = f"ipc://{path}"
-    with PullConsumer(endpoint, recv_timeout=30) as consumer:
-        with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as push:
-            push.connect(endpoint)
-            message.send(push, [np.zeros(4, np.uint8)], "zmq_ops", 0, 0, None)
-            assert consumer.recv() is not None
-
-
-def test_an_ipc_path_longer_than_the_os_allows_is_refused_in_one_line(procs):
-    endpoint = "ipc:///tmp/" + "x" * 120
-    p = procs.producer(endpoint)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 2
-    assert err.strip() == (
-        f"error: endpoint {endpoint!r}: the socket path is 125 bytes, longer than the 107 the OS allows"
-    )
-
-
-def test_a_long_tmpdir_still_gives_the_run_short_socket_paths(tmp_path, monkeypatch):
-    deep = tmp_path / ("d" * 60) / ("e" * 60)
-    deep.mkdir(parents=True)
-    monkeypatch.setattr("tempfile.tempdir", str(deep))
-    result = run_path(small(), "python-queue", False)
-    assert result["images_per_sec"]["median"] > 0
-
-
-def test_inproc_is_refused_for_a_producer(procs):
-    p = procs.producer("inproc://feed")
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 2
-    assert err.strip().startswith("error: endpoint 'inproc://feed': inproc:// reaches only sockets inside one process")
-
-
 def test_a_producer_group_killed_with_sigkill_leaves_no_semaphores(ipc_dir):
     endpoint = f"ipc://{ipc_dir}/feed"
     with PullConsumer(endpoint, recv_timeout=60) as consumer:
@@ -276,3 +111,81 @@ def test_a_producer_group_killed_with_sigkill_leaves_no_semaphores(ipc_dir):
                 producer.wait()
     left = [m for m in mapped if os.path.exists(m)]
     assert not left, f"named semaphores left in /dev/shm: {left}"
+
+
+@pytest.mark.timeout(360)
+def test_a_dead_producer_stops_the_run_naming_its_endpoint(procs, tmp_path):
+    out_json = tmp_path / "r.json"
+    run = procs.start("bench_input.py", "--fake-location", "zmq-consume", *FAULT_RUN, "--steps", "1000", "--repeats", "1",
+                      "--producer-rate", "4", "--producers", "2", "--json", str(out_json))  # fmt: skip
+    victim = wait_for_producers(run.pid, 2)[0]
+    everything = descendants(run.pid)
+    victim.kill()
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 2, err
+    line = [ln for ln in err.splitlines() if ln.startswith("error")][-1]
+    assert "producer" in line and "ipc://" in line and "exited" in line
+    assert not out_json.exists()
+    assert not psutil.wait_procs(everything, timeout=15)[1], "a producer or worker outlived the run"
+
+
+@pytest.mark.timeout(360)
+def test_with_continue_the_run_trains_on_with_the_other_producers(procs, tmp_path):
+    run = procs.start("bench_input.py", "--fake-location", "zmq-consume", *FAULT_RUN, "--steps", "3000", "--repeats", "2",
+                      "--producers", "2", "--on-producer-exit", "continue")  # fmt: skip
+    victim = wait_for_producers(run.pid, 2)[1]
+    everything = descendants(run.pid)
+    victim.kill()
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err
+    assert "continuing with the other producers" in out
+    assert "zmq-consume" in out.split("input path")[-1]
+    assert not psutil.wait_procs(everything, timeout=15)[1]
+
+
+@pytest.mark.timeout(400)
+@needs_torch
+@pytest.mark.parametrize("path", ["python-queue", "python-dataset", "zmq-consume"])
+def test_a_killed_producer_ends_the_run_with_one_line_naming_the_path_and_endpoint(procs, tmpdir_env, path):
+    """The rank waiting for that producer's batches notices at once, not after the 120 s receive timeout."""
+    tmp, env = tmpdir_env
+    run = procs.start("bench_input.py", *TORCH_LONG, "--fake-location", path, env=env)
+    producers = wait_for_rank_producers(run.pid, 2)
+    everything = descendants(run.pid)
+    producers[0].kill()
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 2, err
+    line = one_error_line(err)
+    assert line.startswith(f"error: {path}: ipc://") and f"/{path}" in line and ": producer " in line, line
+    assert "killed by SIGKILL" in line, line
+    left = psutil.wait_procs(everything, timeout=30)[1]
+    assert not left, [cmdline(p) for p in left]
+    assert not run_folders(tmp)
+
+
+def test_silence_on_python_dataset_is_a_plain_timeout_not_an_unknown_error(ipc_dir, capfd):
+    endpoint = f"ipc://{ipc_dir}/quiet"
+    with pytest.raises(InputError) as e:
+        run_path(small(endpoint=endpoint, recv_timeout=1), "python-dataset", False)
+    assert str(e.value) == f"python-dataset: {endpoint}: no batch within 1 s"
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.timeout(600)
+def test_a_producer_with_an_enormous_give_up_after_or_a_tiny_rate_ends_cleanly(ipc_dir):
+    """--give-up-after 1e7 overflowed ZMQ's linger (an int); --rate 1e-300 a sleep; both once batches were sent."""
+    endpoint = f"ipc://{ipc_dir}/feed"
+    small = ("--batch", "2", "--image-size", "4", "--quiet")
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        p = start("-m", "producers", "synthetic", "--endpoint", endpoint, "--count", "3", "--give-up-after", "1e7",
+                  *small)  # fmt: skip
+        for _ in range(3):
+            c.recv()
+    code, _, err = finish(p, 60)
+    assert code == 0 and "Traceback" not in err, err
+    with PullConsumer(endpoint, recv_timeout=60) as c:
+        p = start("-m", "producers", "synthetic", "--endpoint", endpoint, "--rate", "1e-300", *small)
+        c.recv()  # the first batch goes at once; the next would be due in 1e300 s
+        p.send_signal(signal.SIGTERM)
+        code, _, err = finish(p, 60)
+    assert code in (0, 143) and "Traceback" not in err and "Overflow" not in err, err
