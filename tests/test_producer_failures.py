@@ -30,6 +30,7 @@ from failing_runs import (
     wait_for_producers,
     wait_for_rank_producers,
 )
+from path_lists import producer_paths
 from test_loader import finish, start
 
 from consumers.zmq_pull import PullConsumer
@@ -57,7 +58,7 @@ def test_a_producer_whose_run_is_already_gone_exits_and_removes_only_sockets(pro
 
 
 # A producer that dies before its first batch is reported at once, with its own last line.
-@pytest.mark.parametrize("path", ["python-queue", "python-dataset", "zmq-consume"])
+@pytest.mark.parametrize("path", producer_paths("tf"))
 def test_a_producer_that_dies_at_start_is_reported_with_its_own_line(tmp_path, path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -145,7 +146,7 @@ def test_with_continue_the_run_trains_on_with_the_other_producers(procs, tmp_pat
 
 @pytest.mark.timeout(400)
 @needs_torch
-@pytest.mark.parametrize("path", ["python-queue", "python-dataset", "zmq-consume"])
+@pytest.mark.parametrize("path", producer_paths("torch"))
 def test_a_killed_producer_ends_the_run_with_one_line_naming_the_path_and_endpoint(procs, tmpdir_env, path):
     """The rank waiting for that producer's batches notices at once, not after the 120 s receive timeout."""
     tmp, env = tmpdir_env

@@ -17,6 +17,7 @@ import pytest
 import zmq
 from conftest import only_these_hold
 from failing_runs import SMALL, TORCH_RUN, needs_torch, one_error, one_error_line, small, start, wait_for_line
+from path_lists import producer_paths
 
 from consumers.zmq_pull import PullConsumer
 from core.config import BenchConfig
@@ -133,6 +134,7 @@ def test_the_python_paths_name_every_unexpected_batch(procs, ipc_dir, path, prod
 
 
 @pytest.mark.timeout(300)
+# The native op and a Python consumer, each with a receive cap of its own that such batches used to exceed.
 @pytest.mark.parametrize("path", ["zmq-consume", "python-dataset"])
 def test_batches_larger_than_the_run_expects_get_the_mismatch_line_not_a_silent_timeout(procs, tmp_path, path):
     """A producer left at its default 64x224x224 against a small run: received, then named (not dropped by ZMQ)."""
@@ -193,7 +195,7 @@ def test_garbage_from_an_external_sender_ends_the_run_in_one_line_naming_the_fie
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("path", ["zmq-consume", "python-queue", "python-dataset"])
+@pytest.mark.parametrize("path", producer_paths("tf"))
 def test_garbage_from_an_external_sender_is_one_line_naming_path_and_endpoint(procs, tmp_path, ipc_dir, path):
     endpoint = f"ipc://{ipc_dir}/ext"
     p = start(procs, tmp_path, "--fake-location", path, *SMALL, "--warmup-steps", "1", "--steps", "2",
