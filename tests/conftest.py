@@ -208,6 +208,12 @@ def ep() -> Iterator[str]:
     leaks.assert_none_left()
 
 
+@pytest.fixture
+def tmpdir_env(ipc_dir: str) -> tuple[str, dict[str, str]]:
+    """TMPDIR for the run: its folder (sockets, rank files) goes where the test can see it."""
+    return ipc_dir, {**os.environ, "TMPDIR": ipc_dir}
+
+
 # ------------------------------------------------ tests that compare rates: alone, and retried with the cause
 
 TIMING_ATTEMPTS = 3  # a comparison spoiled by other work on the machine is measured again, at most this often

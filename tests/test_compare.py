@@ -106,7 +106,7 @@ def edited(result: Path, tmp_path: Path, edit) -> Path:
 def test_a_result_against_itself_is_within_noise_and_exits_0(procs, result):
     code, out, err = compare(procs, result, result)
     assert code == 0, err
-    for path in ("gpu", "python-queue"):
+    for path in ("gpu", "python-queue"):  # the paths of the `result` run: the baseline and its --fake-location
         assert "within noise" in row(out, path) and "+0.0%" in row(out, path)
     ratio = json.loads(result.read_text())["paths"]["python-queue"]["ratio_to_baseline"]
     assert f"{ratio:.2f} -> {ratio:.2f}" in row(out, "python-queue") and "baseline" in row(out, "gpu")

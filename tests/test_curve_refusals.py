@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from listening import wait_listening
+from path_lists import producer_paths
 
 from wire import curve
 from wire.endpoints import free_tcp_port
@@ -39,7 +40,7 @@ def one_error(err: str) -> str:
     return errors[0]
 
 
-@pytest.mark.parametrize("path", ["python-queue", "python-dataset", "zmq-consume"])
+@pytest.mark.parametrize("path", producer_paths("tf"))
 def test_a_missing_key_folder_is_refused_before_the_baseline(procs, tmp_path, path):
     missing = tmp_path / "no-keys"
     p = procs.start("bench_input.py", *SMALL, *STEPS, "--fake-location", path, "--curve-keys", str(missing))

@@ -13,6 +13,7 @@ GPU, but only in the CUDA build of TensorFlow (the `tensorflow` wheel, which
 from __future__ import annotations
 
 import pytest
+from path_lists import default_paths
 
 from consumers import declared
 from core.config import BenchConfig, apply_defaults
@@ -30,7 +31,7 @@ if not registry_has_gpu_kernels():
         allow_module_level=True,
     )
 
-PATHS = ["gpu", "cpu", "python-queue", "python-dataset", "zmq-consume"]
+PATHS = default_paths("tf")
 UPDATES = [("replicated", "cpu"), ("parameter_server", "cpu"), ("parameter_server", "gpu")]
 MODELS = {
     "input-only": {"input_only": True},
@@ -134,6 +135,7 @@ def host_memory_data_args(graph) -> list[str]:
 
 
 @pytest.mark.parametrize("update", UPDATES, ids=["replicated", "ps-cpu", "ps-gpu"])
+# Labels made on the GPU (the baseline) and labels fed from the host (zmq-consume).
 @pytest.mark.parametrize("path", ["gpu", "zmq-consume"])
 def test_the_emulated_models_labels_stay_on_the_gpu(path, update):
     """int32 reductions on a GPU have kernels, but on host memory: the labels would go to the host every step."""

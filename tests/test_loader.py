@@ -487,7 +487,7 @@ def test_the_verdict_tells_a_loader_run_its_workers_and_an_external_one_its_rate
 def test_a_zmq_consume_run_is_never_told_to_use_zmq_consume():
     from core.config import BenchConfig
 
-    for path in ("zmq-consume", "python-queue"):
+    for path in ("zmq-consume", "python-queue"):  # the path the advice names, and one it is given to
         v, *_ = _verdict_of(BenchConfig(paths=[path]), 0.41, None, 310, 540, path)
         assert ("use zmq-consume" in v["advice"]) == (path != "zmq-consume"), v["advice"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from path_lists import default_paths
 
 from consumers import declared
 from core.config import BenchConfig, apply_defaults
@@ -22,7 +23,7 @@ from harness.tf.run import build
 tf = import_tf()
 declared.load("tf")
 
-PATHS = ["gpu", "cpu", "python-queue", "python-dataset", "zmq-consume"]
+PATHS = default_paths("tf")
 UPDATES = [("replicated", "cpu"), ("parameter_server", "cpu"), ("parameter_server", "gpu")]
 CPU = "/device:CPU:0"
 UPDATE_OPS = re.compile(r"^(Resource)?Apply")  # ApplyGradientDescent, ApplyMomentum, ...

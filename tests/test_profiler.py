@@ -151,6 +151,7 @@ def test_on_device_baseline_is_not_input_bound(baseline):
     assert baseline["telemetry"]["input_wait_share"] < 0.05
 
 
+# A Python consumer and the native op: the verdict reads the producers' figures, which both report.
 @pytest.mark.parametrize("path", ["python-queue", "zmq-consume"])
 def test_producer_throttled_far_below_the_trainer_is_named_the_limit(baseline, path):
     # 20 images/s against thousands with on-device data: unambiguous, whatever the machine's speed.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import QUICK_PROBE_FLAGS
+from path_lists import default_paths
 from schema import SCHEMA, check_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +53,7 @@ def test_every_default_path_of_each_trainer_matches_the_schema(default_run):
     framework, doc, _, _ = default_run
     check_report(doc)
     assert doc["framework"] == framework and doc["config"]["framework"] == framework
-    assert set(doc["paths"]) == {"gpu", "cpu", "python-queue", "python-dataset", "zmq-consume"}
+    assert set(doc["paths"]) == set(default_paths(framework))
     for name, r in doc["paths"].items():
         assert r["input"]["name"] == name  # the same fields, meaning the same thing, in both trainers
         assert r["schedule"]["timed_windows"] == 2 and r["schedule"]["timed_steps_per_window"] == 3

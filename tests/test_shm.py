@@ -25,6 +25,7 @@ import psutil
 import pytest
 import zmq
 from conftest import ShmLeaks, descendants, private_dir, regions_held_by
+from path_lists import producer_paths
 
 from consumers.zmq_pull import PullConsumer
 from producers.synthetic import SyntheticSource
@@ -426,6 +427,7 @@ def test_importing_wire_shm_needs_no_framework() -> None:
 
 
 @pytest.mark.timeout(300)
+# The native op and a Python consumer: the two readers of shm:// slots.
 @pytest.mark.parametrize("path", ["zmq-consume", "python-queue"])
 def test_bench_input_reads_an_external_shm_producer(procs, ep, tmp_path, path) -> None:
     producer = procs.producer(ep, "--batch", "2", "--image-size", "32", "--producer-id", "7")
@@ -545,7 +547,7 @@ def test_the_runs_own_producers_over_shm_feed_every_producer_path_and_leave_noth
     assert p.returncode == 0, err
     doc = json.loads(out_json.read_text())
     assert doc["config"]["transport"] == "shm"
-    for path in ("python-queue", "python-dataset", "zmq-consume"):
+    for path in producer_paths("tf"):
         rows = doc["paths"][path]["producers"]
         assert rows and {r["producer"] for r in rows} <= {0, 1000}, (path, rows)  # a short run may hear from one
         assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["received"] > 0 for r in rows), (path, rows)

@@ -15,11 +15,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from path_lists import producer_paths
 
 from wire.endpoints import free_tcp_port
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCER_PATHS = ("python-queue", "python-dataset", "zmq-consume")
+PRODUCER_PATHS = producer_paths("torch")
 
 
 def endpoint_for(transport: str, ipc_dir: str) -> str:

@@ -109,7 +109,7 @@ def test_an_epoch_report_writes_its_timeline(procs, tmp_path):
 
 
 # A run with --json and no --out writes no timeline and no step clock: checked on the external-producer run of
-# tests/test_bench_input.py, which is such a run (one TensorFlow launch fewer).
+# tests/test_tf_trainer.py, which is such a run (one TensorFlow launch fewer).
 
 
 def test_cpu_of_processes_that_ended_between_samples_is_counted():

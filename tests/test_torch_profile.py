@@ -41,6 +41,7 @@ def _names(trace: dict) -> list[str]:
     return [str(e.get("name", "")) for e in trace["traceEvents"]]
 
 
+# The paths of the `profiled` run: the baseline and its --fake-location.
 @pytest.mark.parametrize("path", ["gpu", "python-queue"])
 def test_every_rank_writes_a_chrome_trace_with_the_input_and_the_step_as_ranges(profiled, path):
     from harness.torch.tracing import ACTIVE_STEPS, trace_file

@@ -13,6 +13,7 @@ import sys
 import psutil
 import pytest
 from conftest import ROOT
+from path_lists import default_paths, producer_paths
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(400)
@@ -20,8 +21,10 @@ pytestmark = pytest.mark.timeout(400)
 SMALL = ["--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--steps", "2", "--repeats", "1"]
 NEEDED = 1 + 2 * 1  # warm-up + steps x repeats, per rank
 HAS_RECEIVER = (ROOT / "zmq_ops" / "receiver.py").exists()  # the TF-free native receiver
-PATHS = ["gpu", "cpu", "python-queue", "python-dataset", *(["zmq-consume"] if HAS_RECEIVER else []), "dali", "spdl"]
-PRODUCER_PATHS = {"python-queue", "python-dataset", "zmq-consume"}
+# The default run (zmq-consume where its TF-free receiver is built), and the two paths on request that run on
+# this machine's CPU with no more flags (loader needs --loader, gpu-decode a GPU).
+PATHS = [p for p in default_paths("torch") if p != "zmq-consume" or HAS_RECEIVER] + ["dali", "spdl"]
+PRODUCER_PATHS = set(producer_paths("torch"))
 
 
 @pytest.fixture(scope="module")

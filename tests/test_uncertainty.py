@@ -232,7 +232,7 @@ def test_a_path_above_the_ceiling_widens_every_ratio_by_the_drift_it_proves():
     }
     add_ratios(rs)
     add_verdicts(rs, framework="tf")
-    for path in ("cpu", "python-queue", "python-dataset", "zmq-consume"):
+    for path in ("cpu", "python-queue", "python-dataset", "zmq-consume"):  # the recorded run's paths after gpu
         u = rs[path]["uncertainty"]
         assert u["within_noise"] is True and u["drift"] == pytest.approx(11.696 / 4.126), u
         assert rs[path]["verdict"]["level"] == WITHIN_NOISE

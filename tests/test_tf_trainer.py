@@ -1,4 +1,5 @@
-"""The trainer: every input path trains, towers stay in sync, the accounting adds up, bad flags fail cleanly."""
+"""The TensorFlow trainer (harness/tf/): every input path trains, towers stay in sync, the accounting adds up,
+bad flags fail cleanly."""
 
 from __future__ import annotations
 
@@ -104,6 +105,7 @@ def test_endpoint_that_never_sends_fails_naming_it(ipc_dir):
         run_path(cfg, "python-queue", False)
 
 
+# A Python consumer and the native op: the two kinds of code that bind a path's endpoint.
 @pytest.mark.parametrize("path", ["python-queue", "zmq-consume"])
 def test_an_endpoint_taken_after_the_runs_check_is_one_error_naming_path_and_endpoint(path):
     """Another process binds the port between bench_input.py's up-front check and the path's start."""
