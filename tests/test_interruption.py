@@ -21,7 +21,6 @@ from failing_runs import (
     SMALL,
     TORCH_LONG,
     cmdline,
-    is_producer_of,
     is_rank,
     needs_torch,
     one_error_line,
@@ -94,17 +93,6 @@ def test_a_signal_mid_run_stops_everything_and_writes_nothing(procs, tmp_path, s
 FAST = ["--input-only", "--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--repeats", "1"]
 
 
-def producers_of(pid: int, n: int, timeout: float = 90) -> list[psutil.Process]:
-    """The run's producer processes (not their workers), once n of them are up."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        tops = [p for p in descendants(pid) if is_producer_of(p, pid)]
-        if len(tops) >= n:
-            return tops
-        time.sleep(0.1)
-    raise AssertionError(f"{n} producers did not start")
-
-
 def kill_all(ps: list[psutil.Process]) -> None:
     for p in ps:
         try:
@@ -119,7 +107,7 @@ def test_a_trainer_killed_with_sigkill_takes_its_producers_and_socket_folder_wit
     # Slow producers keep the run in its python-queue steps (the gpu baseline before it is quick).
     run = procs.start("bench_input.py", "--fake-location", "python-queue", *FAST, "--steps", "1000",
                       "--producers", "2", "--producer-workers", "2", "--producer-rate", "4", env=env)  # fmt: skip
-    tops = producers_of(run.pid, 2)
+    tops = wait_for_producers(run.pid, 2, timeout=90)
     while not [d for d in os.listdir(ipc_dir) if d.startswith("feedbench-")]:
         time.sleep(0.1)
     deadline = time.monotonic() + 60
