@@ -113,24 +113,29 @@ class ProducerFed(TorchInputPath):
     """A path fed by producer processes: starts this rank's share, and notices one that dies."""
 
     group = None
+    watch = None  # --on-producer-exit over `group`, made at the first check
 
     def start(self, endpoints: list[str]) -> None:
         self.producer_ids = rank_producer_ids(self.cfg.producers, self.ctx.rank, self.ctx.world)
         gpu = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         gpu = self.ctx.local_rank if gpu is None and self.ctx.device.type == "cuda" else gpu
-        from runner.producer_group import ProducerWatch, start_producers
+        from runner.producer_group import start_producers
 
         ids = self.producer_ids  # the same producer processes and flags as the TensorFlow trainer, a share per rank
         self.group = start_producers(self.cfg, endpoints, self.ctx.tmpdir, ids, [gpu] * len(ids), supervise=False)
-        if self.group is not None:
-            self.watch = ProducerWatch(self.group, self.cfg.on_producer_exit, f"rank {self.ctx.rank}: ")
         if self.group is not None and self.cfg.producer_kind == "dali":  # the rank's own GPU, or the CPU
             self.decoded_on = f"gpu {gpu} (dali producers)" if self.cfg.dali_device == "gpu" else "cpu (dali producers)"
 
     def check(self) -> None:
-        """--on-producer-exit, as the TensorFlow trainer applies it (runner/producer_group.py `ProducerWatch`)."""
-        if self.group is not None:
-            self.watch.check()
+        """--on-producer-exit, as the TensorFlow trainer applies it (runner/producer_group.py `ProducerWatch`),
+        over whichever group this rank started (a path may start its own kind: gpu-decode's read producers)."""
+        if self.group is None:
+            return
+        if self.watch is None or self.watch.group is not self.group:
+            from runner.producer_group import ProducerWatch
+
+            self.watch = ProducerWatch(self.group, self.cfg.on_producer_exit, f"rank {self.ctx.rank}: ")
+        self.watch.check()
 
     def stop_producers(self) -> None:
         if self.group is not None:

@@ -281,17 +281,21 @@ def _input_cores(result: dict) -> float | None:
 def _emulated_advice(capacity: dict | None) -> str:
     """The advice where the emulated devices set the pace: in a capacity run this result is the capacity's own
     probe, which kept up by definition, and the capacity above says where the input stops keeping up."""
-    bracket = (capacity or {}).get("bracket_per_device")
-    if not bracket:
+    if not capacity:
         return (
             "the input keeps up with the emulated devices' fixed rate: ask more of it (more devices, a higher "
             "--emulate-rate, or --find-capacity) to see where it stops keeping up"
         )
-    ok, short = bracket
+    ok, short = capacity.get("bracket_per_device") or (None, None)
+    found = capacity.get("images_per_sec")
+    if ok is None or found is None:
+        return "this is a probe of the capacity search: the capacity table above says what the input sustained"
+    here = f"this is the capacity's own probe, at {ok:,.0f} img/s per device, where the input keeps up"
+    if short is None:
+        return f"{here}, as at every demand the search asked: its capacity is at least {found:,.0f} img/s"
     return (
-        f"this is the capacity's own probe, at {ok:,.0f} img/s per device, where the input keeps up; at "
-        f"{short:,.0f} per device it fell short: its capacity, {capacity['images_per_sec']:,.0f} img/s, is where "
-        "it stops keeping up"
+        f"{here}; at {short:,.0f} per device it fell short: its capacity, {found:,.0f} img/s, is where it stops "
+        "keeping up"
     )
 
 

@@ -156,21 +156,21 @@ def test_a_trainer_run_with_its_loader_in_the_trainer_says_the_tables_rate_in_it
     img/s, and the verdict quotes that same figure, not "33" (nor any other rounding of it)."""
     import re
 
-    from core import registry
+    from consumers import declared
     from core.config import BenchConfig
     from core.registry import BASELINE
     from profiler.report import add_ratios, table
     from profiler.verdict import verdicts_text
 
     cfg = BenchConfig(paths=[BASELINE, "loader"], loader="m.py:f")
-    registry.load("tf")
+    declared.load("tf")
 
     def result(ips: float, path: str, wait: float) -> dict:
         windows = [ips * f for f in (0.98, 1.0, 1.01)]
         return {"images_per_sec": {"median": ips, "min": min(windows), "max": max(windows), "repeats": windows},
                 "images_per_sec_per_device": {"median": ips, "min": ips, "max": ips, "repeats": [ips]},
                 "step_time_ms": {"p50": 10.0, "p90": 12.0}, "schedule": {"timed_steps_per_window": 4},
-                "telemetry": {"input_wait_share": wait}, "input": registry.get("tf", path)(cfg).describe()}  # fmt: skip
+                "telemetry": {"input_wait_share": wait}, "input": declared.get("tf", path)(cfg).describe()}  # fmt: skip
 
     results = {BASELINE: result(540.0, BASELINE, 0.0), "loader": result(33.4, "loader", 0.9)}
     add_ratios(results)

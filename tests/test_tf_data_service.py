@@ -59,9 +59,13 @@ def service():
 
 
 def test_off_mode_delivers_each_workers_pass_in_order_without_loss(service):
-    # The client learns of the second worker's task at its next refresh (a second): warm up past it.
-    result = run_path(small(dispatcher=service.address, service_mode="off", warmup_steps=1500), PATH, False)
-    rows = result["producers"]
+    # The client learns of the second worker's task at a later refresh (a second, or more on a loaded machine):
+    # a run that saw one worker's stream only is run again, up to a bound, until both streams arrived.
+    for _ in range(4):
+        result = run_path(small(dispatcher=service.address, service_mode="off", warmup_steps=1500), PATH, False)
+        rows = result["producers"]
+        if len(rows) == 2:
+            break
     assert len(rows) == 2  # one stream per worker: each runs the whole source
     assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["restarts"] == 0 and r["joined_at"] == 0 for r in rows)
     assert sum(r["received"] for r in rows) >= 1500 + 6 * 2

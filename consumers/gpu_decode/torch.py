@@ -176,7 +176,6 @@ class GpuDecode(PythonQueue):
     def start(self, endpoints: list[str]) -> None:
         """This rank's share of the run's producers, each reading its shard of the folder undecoded."""
         cfg, ctx = self.cfg, self.ctx
-        self._reported: set[int] = set()
         self.producer_ids = rank_producer_ids(cfg.producers, ctx.rank, ctx.world)
         if cfg.endpoint:
             print(f"  waiting for external producers to connect to {', '.join(endpoints)}", flush=True)
