@@ -104,13 +104,17 @@ def _stop(procs: list[psutil.Process], grace: float) -> None:
     psutil.wait_procs(alive, timeout=grace)
 
 
-_said: set[str] = set()
+_said: set[str] = set()  # the loaders already named this run
 
 
 def say_left(name: str, left: list[str]) -> None:
-    """One line for the processes a loader's callable started and left running (stopped since), once per run."""
-    words = "; ".join(w for w in left if w.partition(" (")[2] not in _said)
-    _said.update(w.partition(" (")[2] for w in left)
+    """One line for the processes a loader's callable started and left running (stopped since), once per run
+    and loader: each copy of the loader (a sweep's points, --tune's settings) runs the same callable, and one
+    copy's processes may be seen before a shell among them has exec'd its command, another's after."""
+    if not left or name in _said:
+        return
+    _said.add(name)
+    words = "; ".join(left)
     if words:
         print(
             f"note: loader {name}: its callable started processes that were still running when the loader was "

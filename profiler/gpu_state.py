@@ -47,6 +47,7 @@ class GpuState:
         self.interval = interval
         self.samples: list[tuple[float, dict]] = []  # (perf_counter, {figure: value, "reasons": bits}) per GPU
         self._taken = 0  # samples handed to the timeline so far
+        self.failed_reads = 0  # reads NVML refused, skipped
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="feedbench-nvml", daemon=True)
 
@@ -74,9 +75,15 @@ class GpuState:
         self.nvml.nvmlShutdown()
 
     def _run(self) -> None:
+        """Sample until stopped; a read NVML refuses (a GPU busy resetting, a driver timeout) is skipped and
+        counted, so one failed read does not end the sampling for the rest of the run."""
         while not self._stop.is_set():
             t = time.perf_counter()
-            self.samples += [(t, {"gpu": i, **self.read(h)}) for i, h in zip(self.indices, self.handles)]
+            for i, h in zip(self.indices, self.handles):
+                try:
+                    self.samples.append((t, {"gpu": i, **self.read(h)}))
+                except self.nvml.NVMLError:
+                    self.failed_reads += 1
             self._stop.wait(self.interval)
 
     def read(self, handle) -> dict:

@@ -41,7 +41,8 @@ SCRIPT = textwrap.dedent(
     with Timeline("trainer", interval=0.5) as timeline, gpu:
         timeline.gauges["gpu"] = gpu.since_last
         for line in sys.argv[2:]:
-            open(state, "w").write(line + "\\n")
+            open(state + ".new", "w").write(line + "\\n")
+            os.replace(state + ".new", state)  # whole: a read between truncate and write finds no GPU
             after(2)  # the second read began after the write
             start = time.perf_counter()
             after(2)
