@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from harness import run as harness_run
     from harness.interleave import alternate
-    from harness.run import one_path, prepare
+    from harness.run import prepare, train_in_turn
     from profiler.uncertainty import ratio_interval
 
     one_node = argparse.Namespace(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None)
@@ -37,12 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in prepare(trainer, cfg, gpus):
         print(f"note: {note}", flush=True)
 
-    def run_one(c: BenchConfig, path: str) -> dict:
-        r = one_path(trainer, c, path)
-        print(f"  one window: {r['images_per_sec']['median']:.1f} images/s", flush=True)
-        return r
-
-    got = alternate(run_one, cfg, BASELINE, args.pairs)
+    got = alternate(lambda c: train_in_turn(trainer, c), cfg, BASELINE, args.pairs)
     for i, (a, b, r) in enumerate(zip(got["baseline_images_per_sec"], got["images_per_sec"], got["ratios"]), 1):
         print(f"pair {i}: {a:10.1f} / {b:10.1f} images/s, ratio {r:.4f}", flush=True)
     lo, hi, conf, how = ratio_interval(got["images_per_sec"], got["baseline_images_per_sec"], paired=True)

@@ -85,6 +85,11 @@ class Trainer(Protocol):
         """Train every path of `cfg.paths` in turn; {path: result}, or None where another process reports."""
         ...
 
+    def run_in_turn(self, cfg: BenchConfig) -> list[dict]:
+        """Train `cfg.paths` in the order given, a path as often as it is named (--interleave's alternation);
+        one result per entry, on one machine."""
+        ...
+
     def how_to_open(self, profile_dir: str) -> str:
         """What to type to look at a --profile folder."""
         ...
@@ -242,7 +247,7 @@ def run_paths(
             if path != BASELINE:
                 print(f"- {path}: {cfg.interleave} pairs of runs alternating with the baseline ...", flush=True)
                 results[path]["interleaved"] = alternate(
-                    lambda c, p: one_path(plugin, c, p, timeline), cfg, path, cfg.interleave
+                    lambda c: train_in_turn(plugin, c, timeline), cfg, path, cfg.interleave
                 )
                 print(f"  median paired ratio {results[path]['interleaved']['ratio']:.3f}", flush=True)
     return started, results
@@ -251,11 +256,25 @@ def run_paths(
 def train(plugin: Trainer, cfg: BenchConfig, timeline: Timeline | None = None) -> dict[str, dict] | None:
     """`plugin.run(cfg)`, each path's step clock moved out of its result into `timeline` (or dropped)."""
     results = plugin.run(cfg)
-    if GPU_STATE is not None:  # each timed window's GPU clocks, power and throttling, by the step clock's windows
-        for r in (results or {}).values():
-            r["gpu_state"] = GPU_STATE.windows((r.get("clock") or {}).get("windows") or [])
-    take_clocks(results, timeline)
+    for path, r in (results or {}).items():
+        train_done(r, path, timeline)
     return results
+
+
+def train_done(result: dict, path: str, timeline: Timeline | None) -> None:
+    """A path's result as it came back: the GPU's state beside each timed window (by its step clock's windows),
+    then the step clock moved into `timeline` (or dropped)."""
+    if GPU_STATE is not None:  # each timed window's GPU clocks, power and throttling
+        result["gpu_state"] = GPU_STATE.windows((result.get("clock") or {}).get("windows") or [])
+    take_clocks({path: result}, timeline)
+
+
+def train_in_turn(plugin: Trainer, cfg: BenchConfig, timeline: Timeline | None = None) -> list[dict]:
+    """`plugin.run_in_turn(cfg)`, each result's GPU state and step clock taken as `train` takes them."""
+    runs = plugin.run_in_turn(cfg)
+    for r, path in zip(runs, cfg.paths, strict=True):
+        train_done(r, path, timeline)
+    return runs
 
 
 def one_path(plugin: Trainer, cfg: BenchConfig, path: str, timeline: Timeline | None = None) -> dict:

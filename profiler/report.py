@@ -72,7 +72,12 @@ def _ceiling(path: str, r: dict, results: dict[str, dict]) -> str:
 
 
 def gpu_words(path: str, r: dict, base: dict | None) -> str | None:
-    """A path's windows at other GPU clocks, power or throttling than the baseline's (profiler/gpu_state.py)."""
+    """A path's windows at other GPU clocks, power or throttling than the baseline's (profiler/gpu_state.py).
+
+    Where the ratio came from alternated runs (--interleave), their windows are the ones compared."""
+    alternated = r.get("interleaved") or {}
+    if alternated.get("gpu_state") and alternated.get("baseline_gpu_state"):
+        return differs(alternated["gpu_state"], alternated["baseline_gpu_state"])
     mine = r.get("gpu_state")
     if not mine:
         return None

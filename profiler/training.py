@@ -114,6 +114,9 @@ def invalid_reason(result: dict) -> str | None:
         return str(training["invalid"])
     if result.get("loss_finite") is False:
         return "loss non-finite"
+    alternated = result.get("interleaved")  # --interleave: its ratio comes from these runs' windows
+    if isinstance(alternated, dict) and alternated.get("invalid"):
+        return f"{alternated['invalid']} (in an alternated run)"
     return None
 
 

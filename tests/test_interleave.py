@@ -12,6 +12,7 @@ import copy
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,38 @@ def test_an_interleaved_paths_interval_and_advice_are_worded_in_pairs(tmp_path):
     assert "interval 0.95–1.04 over 2 pairs of alternating runs (--interleave 2) holds 1.0" in v["evidence"], v
     assert "windows" not in v["evidence"] and "--repeats" not in v["advice"], v
     assert "pairs of alternating runs would be needed (--interleave " in v["advice"], v
+
+
+def test_pytorch_alternates_its_windows_in_one_launch_in_the_order_asked(tmp_path):
+    """PyTorch trains the whole alternation in one torchrun launch (a path named as often as it runs): two
+    launches in all (the run's own, then the alternation), seen as the rank processes the run started; the
+    ranks print each run as it starts, baseline and path swapped every pair, and each pair's ratio is its own
+    two windows'. A launch per window would start ranks and build the model for every window (about 25 s each
+    for ResNet-50 on an H200)."""
+    import psutil
+
+    cmd = [sys.executable, str(ROOT / "bench_input.py"), "--framework", "torch", "--fake-location", "python-queue",
+           *SMALL, "--num-gpus", "1", "--interleave", "2", "--json", "run.json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks: dict[int, int] = {}  # pid: parent pid
+    with proc:
+        watched = psutil.Process(proc.pid)
+        while proc.poll() is None:  # every rank process lives for seconds: a 20 ms look never misses one
+            for child in watched.children(recursive=True):
+                try:
+                    if "-m harness.torch.run --config" in " ".join(child.cmdline()):  # not the launcher
+                        ranks[child.pid] = child.ppid()
+                except psutil.Error:
+                    pass
+            time.sleep(0.02)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    ranks = {pid: up for pid, up in ranks.items() if up not in ranks}  # a rank's forked workers share its command
+    assert len(ranks) == 2, f"one rank in each of 2 launches expected, saw {len(ranks)} rank processes"
+    after = out.split("- python-queue: 2 pairs of runs alternating with the baseline ...", 1)[1]
+    started = [ln.strip() for ln in after.splitlines() if ln.startswith("- ")]
+    assert started == ["- gpu ...", "- python-queue ...", "- python-queue ...", "- gpu ..."], out[-3000:]
+    inter = json.loads((tmp_path / "run.json").read_text())["paths"]["python-queue"]["interleaved"]
+    assert inter["pairs"] == 2 and "invalid" not in inter, inter
+    for mine, base, ratio in zip(inter["images_per_sec"], inter["baseline_images_per_sec"], inter["ratios"]):
+        assert mine > 0 and base > 0 and abs(ratio - mine / base) < 1e-9, inter

@@ -7,6 +7,7 @@ process; a task of a TensorFlow cluster runs through harness/tf/cluster_worker.p
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from core.config import BenchConfig
@@ -59,6 +60,11 @@ class TFTrainer:
         from harness.tf.run import run_path
 
         return each_path(cfg, lambda c, path: run_path(c, path, self.has_gpu))
+
+    def run_in_turn(self, cfg: BenchConfig) -> list[dict]:
+        from harness.tf.run import run_path
+
+        return [run_path(replace(cfg, paths=[path]), path, self.has_gpu) for path in cfg.paths]
 
     def how_to_open(self, profile_dir: str) -> str:
         from harness.tf.tracing import how_to_open

@@ -382,7 +382,8 @@ def _join_group(dist):
 
 
 def _train_paths(cfg: BenchConfig, result_dir: str, device, dist, links: list[dict] | None) -> None:
-    """Every path of the config in turn, each rank's figures gathered; rank 0 writes result.json."""
+    """Every path of the config in turn (a path named twice runs twice: --interleave's alternation in one
+    launch), each rank's figures gathered; rank 0 writes result.json."""
     import torch
 
     from consumers.torch_half import RankContext
@@ -391,6 +392,7 @@ def _train_paths(cfg: BenchConfig, result_dir: str, device, dist, links: list[di
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = device.type == "cuda"
     results: dict[str, dict] = {}
+    runs: list[dict] = []  # one result per entry of cfg.paths, in order: a path named twice ran twice
     rank_dir = os.path.join(result_dir, f"r{rank}")
     os.makedirs(rank_dir, exist_ok=True)
     host = socket.gethostname()
@@ -405,15 +407,15 @@ def _train_paths(cfg: BenchConfig, result_dir: str, device, dist, links: list[di
         gathered: list = [None] * world
         dist.all_gather_object(gathered, figures)
         if rank == 0:
-            results[name] = combined(cfg, name, gathered)
-            r = results[name]
+            r = results[name] = combined(cfg, name, gathered)
+            runs.append(r)
             print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
     if rank == 0:
         from core.atomic import atomic_write
         from harness.torch.plugin import describe_machine
 
         doc = {"device": {**describe_machine(torch), **({"h2d_pinned_gbps": links} if links else {})},
-               "paths": results}  # fmt: skip
+               "paths": results, "runs": runs}  # fmt: skip
         atomic_write(os.path.join(result_dir, "result.json"), json.dumps(doc))
 
 
