@@ -44,6 +44,11 @@ FILES = ResultField(
                 "delivered": {"type": "integer", "minimum": 0},
                 "distinct": {"type": "integer", "minimum": 0},
                 "once_per_pass": {"type": "boolean"},
+                "decoded_on_host": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "files the device's decoder refused (nvJPEG: CMYK, say), decoded on the host instead",
+                },
             },
             "additionalProperties": False,
         },

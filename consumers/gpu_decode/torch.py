@@ -44,18 +44,35 @@ def _reason(e: BaseException) -> str:
     return str(e).strip().splitlines()[-1].rsplit(", ", 1)[-1]
 
 
-def decode_batch(items: np.ndarray, device: torch.device, names: list[str]) -> list[torch.Tensor]:
-    """Every file of the batch decoded to CHW uint8 RGB on `device`, in one call; UndecodableFile names a bad one."""
+def decode_batch(items: np.ndarray, device: torch.device, names: list[str], on_host=lambda name: None) -> list:
+    """Every file of the batch decoded to CHW uint8 RGB on `device`, in one call.
+
+    A file the device's decoder refuses (nvJPEG leaves some colour layouts, such as CMYK, to the host) is
+    decoded on the host and moved there, as DALI's `mixed` decoder does, and `on_host(name)` is told; a file
+    neither decodes stops the run (UndecodableFile, naming it): a batch is never made shorter.
+    """
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in items]  # a writable copy of each file
     try:
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError as e:
-        for one, name in zip(data, names, strict=True):  # which file: the batched call does not say
-            try:
-                decode_jpeg([one], mode=ImageReadMode.RGB, device=device)
-            except RuntimeError as bad:
+        batch_error = e
+    out = []
+    for one, name in zip(data, names, strict=True):  # which file: the batched call does not say
+        try:
+            out.append(decode_jpeg([one], mode=ImageReadMode.RGB, device=device)[0])
+            continue
+        except RuntimeError as bad:
+            if device.type == "cpu":
                 raise UndecodableFile(f"cannot decode {name} on {device}: {_reason(bad)}") from None
-        raise UndecodableFile(f"cannot decode a batch on {device}: {_reason(e)}") from None
+            refused = bad
+        try:
+            out.append(decode_jpeg(one, mode=ImageReadMode.RGB).to(device))
+        except RuntimeError:
+            raise UndecodableFile(f"cannot decode {name} on {device} or the host: {_reason(refused)}") from None
+        on_host(name)
+    if len(out) != len(names):
+        raise UndecodableFile(f"cannot decode a batch on {device}: {_reason(batch_error)}")
+    return out
 
 
 def augment(images: list[torch.Tensor], size: int, rng: random.Random) -> torch.Tensor:
@@ -97,6 +114,7 @@ class FilesSeen:
         self.said = said  # called once for each file a producer skipped
         self.count: collections.Counter = collections.Counter()
         self.skipped: set[int] = set()  # files the producers skip (not JPEGs): no pass brings them
+        self.host_decoded: set[str] = set()  # files the device's decoder refused, decoded on the host instead
 
     def header(self, header) -> None:
         """Note the files a producer says it skipped (its native header's `skipped_files`)."""
@@ -108,6 +126,9 @@ class FilesSeen:
 
     def add(self, indices: np.ndarray) -> None:
         self.count.update(indices.tolist())
+
+    def on_host(self, name: str) -> None:
+        self.host_decoded.add(name)
 
     def figures(self) -> dict:
         """Files of this rank's shards, those skipped as not JPEGs, delivered, distinct, and whether each of the
@@ -123,6 +144,7 @@ class FilesSeen:
             "delivered": sum(self.count.values()),
             "distinct": len(self.count),
             "once_per_pass": even,
+            "decoded_on_host": sorted(self.host_decoded),
         }
 
 
@@ -199,7 +221,7 @@ class GpuDecode(PythonQueue):
                 items, labels, indices = self._checked(arrays)
                 with self.side.on_stream():  # handed to the step like a copy (feeders/device_copy.py)
                     names = [f"{cfg.data}/{self.files[i]}" for i in indices]
-                    images = augment(decode_batch(items, device, names), cfg.image_size, rng)
+                    images = augment(decode_batch(items, device, names, self.seen.on_host), cfg.image_size, rng)
                     host = torch.from_numpy(labels.astype(np.int64))
                     labels_t = to_device([host.pin_memory() if device.type == "cuda" else host], device)[0]
                 decoded = self.side.mark([images, labels_t])
