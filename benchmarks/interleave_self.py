@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in prepare(trainer, cfg, gpus):
         print(f"note: {note}", flush=True)
 
-    got = alternate(lambda c: train_in_turn(trainer, c), cfg, BASELINE, args.pairs)
+    got = alternate(lambda c: train_in_turn(trainer, c), cfg, [BASELINE], args.pairs)[BASELINE]
     for i, (a, b, r) in enumerate(zip(got["baseline_images_per_sec"], got["images_per_sec"], got["ratios"]), 1):
         print(f"pair {i}: {a:10.1f} / {b:10.1f} images/s, ratio {r:.4f}", flush=True)
     lo, hi, conf, how = ratio_interval(got["images_per_sec"], got["baseline_images_per_sec"], paired=True)

@@ -21,18 +21,27 @@ from core.config import BASELINE, BenchConfig
 from profiler.training import invalid_reason
 
 
-def alternate(run_in_turn: Callable[[BenchConfig], list[dict]], cfg: BenchConfig, path: str, pairs: int) -> dict:
-    """`pairs` (baseline, path) runs of one window each, the order swapped every pair; the paired ratios.
+def alternate(
+    run_in_turn: Callable[[BenchConfig], list[dict]], cfg: BenchConfig, paths: list[str], pairs: int
+) -> dict[str, dict]:
+    """Each path's `pairs` (baseline, path) runs of one window each, the order swapped every pair; its paired
+    ratios. One call of the trainer for every path: each path's pairs run back to back, then the next path's.
 
     `run_in_turn(cfg)` trains `cfg.paths` in the order given and returns one result per entry.
     """
-    order = [p for i in range(pairs) for p in ((BASELINE, path) if i % 2 == 0 else (path, BASELINE))]
+    order = [p for path in paths for i in range(pairs) for p in ((BASELINE, path) if i % 2 == 0 else (path, BASELINE))]
     one = replace(cfg, paths=order, repeats=1, json_path=None, profile_dir=None, quiet=True)
     runs = run_in_turn(one)
+    return {path: _paired(runs[2 * pairs * k : 2 * pairs * (k + 1)], cfg) for k, path in enumerate(paths)}
+
+
+def _paired(runs: list[dict], cfg: BenchConfig) -> dict:
+    """The `interleaved` block of one path from its runs, in the order they ran (baseline first in even pairs)."""
+    pairs = len(runs) // 2
     invalid = next((why for r in runs if (why := invalid_reason(r))), None)  # every window's model must train
     base, mine, ratios, states = [], [], [], {"gpu_state": [], "baseline_gpu_state": []}
     for i in range(pairs):
-        # By position, not by name: `path` may be the baseline itself (benchmarks/interleave_self.py).
+        # By position, not by name: the path may be the baseline itself (benchmarks/interleave_self.py).
         b, m = (runs[2 * i], runs[2 * i + 1]) if i % 2 == 0 else (runs[2 * i + 1], runs[2 * i])
         base.append(b["images_per_sec"]["median"])
         mine.append(m["images_per_sec"]["median"])

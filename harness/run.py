@@ -240,16 +240,15 @@ def run_paths(
         print(f"DALI decodes on the {cfg.dali_device.upper()} (--dali-device)", flush=True)
     started = time.time()
     results = train(plugin, cfg, timeline)
-    if results is not None and cfg.interleave:
+    paths = [p for p in cfg.paths if p != BASELINE]
+    if results is not None and cfg.interleave and paths:
         from harness.interleave import alternate
 
-        for path in cfg.paths:
-            if path != BASELINE:
-                print(f"- {path}: {cfg.interleave} pairs of runs alternating with the baseline ...", flush=True)
-                results[path]["interleaved"] = alternate(
-                    lambda c: train_in_turn(plugin, c, timeline), cfg, path, cfg.interleave
-                )
-                print(f"  median paired ratio {results[path]['interleaved']['ratio']:.3f}", flush=True)
+        print(f"- {', '.join(paths)}: {cfg.interleave} pairs of runs each, alternating with the baseline ...",
+              flush=True)  # fmt: skip
+        for path, block in alternate(lambda c: train_in_turn(plugin, c, timeline), cfg, paths, cfg.interleave).items():
+            results[path]["interleaved"] = block
+            print(f"  {path}: median paired ratio {block['ratio']:.3f}", flush=True)
     return started, results
 
 

@@ -109,7 +109,7 @@ def test_pytorch_alternates_its_windows_in_one_launch_in_the_order_asked(tmp_pat
     assert proc.returncode == 0, err[-3000:]
     ranks = {pid: up for pid, up in ranks.items() if up not in ranks}  # a rank's forked workers share its command
     assert len(ranks) == 2, f"one rank in each of 2 launches expected, saw {len(ranks)} rank processes"
-    after = out.split("- python-queue: 2 pairs of runs alternating with the baseline ...", 1)[1]
+    after = out.split("- python-queue: 2 pairs of runs each, alternating with the baseline ...", 1)[1]
     started = [ln.strip() for ln in after.splitlines() if ln.startswith("- ")]
     assert started == ["- gpu ...", "- python-queue ...", "- python-queue ...", "- gpu ..."], out[-3000:]
     inter = json.loads((tmp_path / "run.json").read_text())["paths"]["python-queue"]["interleaved"]
