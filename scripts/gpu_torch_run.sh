@@ -122,7 +122,8 @@ env_report() {
 # The code measured: its commit (and whether the tree had changes), first in the log.
 stamp() {
     local commit
-    commit=$(git rev-parse HEAD 2>/dev/null) || commit="unknown (not a git checkout)"
+    # FEEDBENCH_COMMIT: the commit of a copy of the tree that has no .git (a machine the tree was copied to).
+    commit=$(git rev-parse HEAD 2>/dev/null) || commit="${FEEDBENCH_COMMIT:-unknown (not a git checkout)}"
     [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit, with uncommitted changes"
     echo "== code: feedbench $commit; budget ${BUDGET} s; steps $STEPS" | tee -a "$LOG"
 }
