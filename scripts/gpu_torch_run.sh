@@ -37,7 +37,7 @@ END=$(($(date +%s) + BUDGET))
 export PYTHONUNBUFFERED=1
 RESERVE_S=10  # the last lines: what was left behind, the archive
 # Each step's share of the budget (the alternated headline and the real-data runs take the most).
-declare -A WEIGHTS=([env]=3 [gpu-tests]=6 [headline]=25 [shm]=9 [dataset]=8 [real-data]=27 [emulated]=18 [ceiling]=4 [bandwidth]=3 [input-only]=8 [check]=10 [capacity]=25)
+declare -A WEIGHTS=([env]=3 [gpu-tests]=4 [headline]=25 [shm]=9 [dataset]=9 [real-data]=27 [emulated]=17 [ceiling]=6 [bandwidth]=3 [input-only]=8 [check]=10 [capacity]=25)
 FED=python-queue,python-dataset,zmq-consume  # the paths measured: every default one but cpu
 INPUT_CORES=(4 12)  # --real-data's producers (and DataLoader workers): where each path stops keeping up
 DATA="$OUT/real-data-jpegs"  # made by the dataset step, removed at the end

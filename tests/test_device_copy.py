@@ -84,11 +84,14 @@ def test_the_copys_memory_is_not_reused_while_the_steps_stream_still_reads_it():
     copier = SideCopy(device)
     n = 1 << 22
     first = copier.copy([torch.ones(n, dtype=torch.uint8).pin_memory()])[0]
+    # Pinned before the sleep: allocating pinned memory (cudaHostAlloc) can wait for the whole device, after
+    # which the step's stream has read `first` and reusing its memory would be safe.
+    next_batch = torch.full((n,), 2, dtype=torch.uint8).pin_memory()
     torch.cuda._sleep(SLEEP)  # the step's stream is busy; the read of `first` is queued behind it
     total = first.sum()
     where = first.data_ptr()
     del first  # freed while the step's stream has not read it yet
-    second = copier.start([torch.full((n,), 2, dtype=torch.uint8).pin_memory()]).tensors[0]
+    second = copier.start([next_batch]).tensors[0]
     assert second.data_ptr() != where  # were the step's stream not recorded on it, the side stream would reuse it
     assert total.item() == n  # and its copy would have overwritten what the step then read
 
