@@ -14,8 +14,9 @@
 #              checked against the real device, at the same input cores;
 #   ceiling    zmq-consume's own ceiling: input-only over shm:// with enough producers that they do not limit.
 # The whole runs within BUDGET_S (default 420 s), so the script ends in time on a machine lent by the
-# minute: each wanted step's cap is its share (WEIGHTS) of the budget, the caps of the wanted steps add up
-# to the budget less RESERVE_S for the last lines; a step that overruns is stopped with SIGINT (the trainer
+# minute: each wanted step's cap is its share (WEIGHTS) of the time left among the steps not run yet, less
+# RESERVE_S for the last lines, so a step that ends early leaves its time to the later ones; a step that
+# overruns is stopped with SIGINT (the trainer
 # then stops its producers and frees its shared memory) and the next one runs; a step of several runs gives
 # each its share of the step's cap, so a slow first run never costs the second its result file. Each step's
 # output goes to OUT_DIR/run.log, which starts with the code's commit, and its JSON beside it;
@@ -37,7 +38,7 @@ END=$(($(date +%s) + BUDGET))
 export PYTHONUNBUFFERED=1
 RESERVE_S=10  # the last lines: what was left behind, the archive
 # Each step's share of the budget (the alternated headline and the real-data runs take the most).
-declare -A WEIGHTS=([env]=3 [gpu-tests]=4 [headline]=25 [shm]=9 [dataset]=9 [real-data]=27 [emulated]=17 [ceiling]=6 [bandwidth]=3 [input-only]=8 [check]=10 [capacity]=25)
+declare -A WEIGHTS=([env]=4 [gpu-tests]=4 [headline]=25 [shm]=9 [dataset]=9 [real-data]=27 [emulated]=16 [ceiling]=6 [bandwidth]=3 [input-only]=8 [check]=10 [capacity]=25)
 FED=python-queue,python-dataset,zmq-consume  # the paths measured: every default one but cpu
 INPUT_CORES=(4 12)  # --real-data's producers (and DataLoader workers): where each path stops keeping up
 DATA="$OUT/real-data-jpegs"  # made by the dataset step, removed at the end
@@ -74,11 +75,13 @@ fi
 
 wanted() { [[ ",$STEPS," == *",$1,"* ]]; }
 
-# cap NAME: NAME's share of the budget, among the wanted steps.
+# cap NAME: NAME's share of the time left, among the wanted steps not run yet: a step that ends early leaves
+# its time to the steps after it, and the caps of the steps still to run never add up to more than is left.
+UNRUN=0
+for name in "${!WEIGHTS[@]}"; do [[ ",$STEPS," == *",$name,"* ]] && UNRUN=$((UNRUN + WEIGHTS[$name])); done
 cap() {
-    local total=0 name
-    for name in "${!WEIGHTS[@]}"; do wanted "$name" && total=$((total + WEIGHTS[$name])); done
-    echo $(((BUDGET - RESERVE_S) * WEIGHTS[$1] / (total > 0 ? total : 1)))
+    local left=$((END - RESERVE_S - $(date +%s)))
+    echo $((left * WEIGHTS[$1] / (UNRUN > 0 ? UNRUN : 1)))
 }
 
 # capped SECONDS COMMAND...: COMMAND stopped with SIGINT at SECONDS, killed a grace period later.
@@ -93,8 +96,7 @@ step() {
     local name=$1; shift
     wanted "$name" || return 0
     local cap=$(cap "$name")
-    local left=$((END - $(date +%s)))
-    ((cap > left)) && cap=$left
+    UNRUN=$((UNRUN - WEIGHTS[$name]))
     if ((cap < 10)); then
         echo "== $name: skipped, out of time" | tee -a "$LOG"
         return 0

@@ -29,16 +29,20 @@ def test_run_log_starts_with_the_commit_measured(tmp_path):
 
 
 @pytest.mark.parametrize("budget", [60, 420])
-def test_the_wanted_steps_caps_add_up_to_the_budget_at_most(tmp_path, budget):
+def test_each_cap_is_a_share_of_the_time_left_and_a_quick_step_leaves_its_time_to_the_next(tmp_path, budget):
     script = SCRIPT.read_text()
     weights = dict(re.findall(r"\[([a-z-]+)\]=(\d+)", script.split("declare -A WEIGHTS=")[1].splitlines()[0]))
     assert set(weights) == {"env", "gpu-tests", "headline", "shm", "dataset", "real-data", "emulated", "ceiling",
                             "bandwidth", "input-only", "check", "capacity"}  # fmt: skip
     default = re.search(r"^STEPS=\$\{3:-([a-z,-]+)\}", script, re.M)[1].split(",")
     _, got = caps(tmp_path / "b", budget, "env,bandwidth")
-    assert set(got) == {"env", "bandwidth"} and sum(got.values()) <= budget - 10  # RESERVE_S for the last lines
+    assert set(got) == {"env", "bandwidth"}
+    env, bandwidth = int(weights["env"]), int(weights["bandwidth"])
+    assert got["env"] <= (budget - 10) * env // (env + bandwidth)  # its share of the budget, less RESERVE_S
+    # `env` ends within seconds here (no GPU): `bandwidth`, the last step, gets what is left, not its share.
+    assert (budget - 10) * bandwidth // (env + bandwidth) < got["bandwidth"] <= budget - 10, got
     total = sum(int(weights[name]) for name in default)
-    # The default steps: their shares of the whole budget, which the caps never exceed.
+    # The default steps: their shares of the whole budget at the start, which the first cap never exceeds.
     shares = {name: (budget - 10) * int(weights[name]) // total for name in default}
     assert sum(shares.values()) <= budget - 10
     if budget >= 420:  # the default budget: no step so short that it is skipped (the script skips a cap under 10 s)
