@@ -15,6 +15,7 @@ import math
 from tabulate import tabulate
 
 from profiler.loader_report import Demand, demand_words
+from profiler.training import invalid_reason
 
 DEVICES = 8  # the larger demand: a full machine of the devices measured
 
@@ -84,6 +85,10 @@ def table(results: dict[str, dict]) -> str:
         f = r.get("feeding")
         if not f:
             continue
+        if invalid_reason(r):  # a model that did not train gives no figure (profiler/training.py), here neither
+            rows.append([name, "invalid", "—", "—", "—", "—", "—", f["decoder"]])
+            needs_rows.append([name, *("—" for _ in f["needs"])])
+            continue
         ratio = r.get("ratio_to_baseline")
         interval = (r.get("uncertainty") or {}).get("ratio")
         wait = (r.get("telemetry") or {}).get("input_wait_share")
@@ -113,6 +118,8 @@ def table(results: dict[str, dict]) -> str:
         out += "\n\n" + tabulate(needs_rows, headers=["input path", *heads])
         out += "\ncores needed: extrapolated from each path's measured images/s per input core, as if it held; "
         out += "—: input cores not measured (none, or threads inside the rank not told apart from the trainer's)"
+    if any(invalid_reason(r) for r in results.values() if r.get("feeding")):
+        out += "\ninvalid: the path's model did not train in this run (its verdict says why): no figure"
     return out
 
 

@@ -202,3 +202,21 @@ def test_byte_strings_in_a_shm_slot_are_checked_against_the_slot(ep) -> None:
         push.close(0)
         ctx.term()
         region.close()
+
+
+def test_the_real_data_table_gives_no_figure_for_a_model_that_did_not_train() -> None:
+    """The H200 run of 2026-11-28 (docs/gpu-runs/2026-11-28-h200/real_data-p4.json): every path's loss went
+    non-finite in the warm-up; its ratios and cores per image were printed all the same, beside "invalid"."""
+    from types import SimpleNamespace
+
+    from profiler.real_data import text
+
+    doc = json.loads((ROOT / "docs/gpu-runs/2026-11-28-h200/real_data-p4.json").read_text())
+    results = doc["paths"]
+    cfg = SimpleNamespace(data="DIR", num_gpus=1, loader=None)
+    out = text(results, "gpu", cfg)
+    rows = {ln.split()[0]: ln for ln in out.splitlines()[3:7]}
+    for name in ("zmq-consume", "loader", "gpu-decode"):
+        assert rows[name].split()[1] == "invalid", out
+        assert "1,527" not in rows[name] and "0.13" not in rows[name], out
+    assert "invalid: the path's model did not train" in out
