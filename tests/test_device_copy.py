@@ -84,9 +84,13 @@ def test_the_copys_memory_is_not_reused_while_the_steps_stream_still_reads_it():
     copier = SideCopy(device)
     n = 1 << 22
     first = copier.copy([torch.ones(n, dtype=torch.uint8).pin_memory()])[0]
-    # Pinned before the sleep: allocating pinned memory (cudaHostAlloc) can wait for the whole device, after
-    # which the step's stream has read `first` and reusing its memory would be safe.
+    # Everything that may wait for the whole device happens before the sleep: allocating pinned memory
+    # (cudaHostAlloc), and loading the sum's kernel at its first launch (CUDA loads modules lazily). Either,
+    # after the sleep, lets the step's stream read `first` before it is freed, and reusing its memory is then
+    # safe: the H200 run of 2026-11-28 saw the same address come back with only the pinning moved.
     next_batch = torch.full((n,), 2, dtype=torch.uint8).pin_memory()
+    first.sum().item()
+    torch.cuda.synchronize()
     torch.cuda._sleep(SLEEP)  # the step's stream is busy; the read of `first` is queued behind it
     total = first.sum()
     where = first.data_ptr()

@@ -18,8 +18,12 @@ pytestmark = [
 def _jpeg(mode: str, size=(96, 64), seed: int = 0) -> bytes:
     from PIL import Image
 
+    # Smooth colour ramps: decoders may differ by a level or two there, while on random pixels their chroma
+    # upsampling alone differed by 13 levels on average (nvJPEG against libjpeg-turbo, H200, 2026-11-28).
     rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    ys, xs = np.mgrid[0 : size[1], 0 : size[0]]
+    phase = rng.uniform(0, 6.28, 3)
+    pixels = np.stack([127 + 100 * np.sin(xs / 17 + ys / 23 + p) for p in phase], axis=-1).astype(np.uint8)
     image = Image.fromarray(pixels).convert(mode)
     out = io.BytesIO()
     image.save(out, format="JPEG", quality=90)
@@ -46,7 +50,7 @@ def test_a_batch_with_cmyk_and_grayscale_files_decodes_whole_on_the_gpu_and_name
         assert image.device.type == "cuda" and image.dtype == torch.uint8 and image.shape == (3, 64, 96), name
         host = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
         diff = (image.cpu().int() - host.int()).abs().float().mean().item()
-        assert diff < 8, f"{name}: the device's pixels differ from the host decoder's by {diff:.1f} on average"
+        assert diff < 4, f"{name}: the device's pixels differ from the host decoder's by {diff:.1f} on average"
     assert set(on_host) <= {"cmyk.JPEG"}, on_host  # only a file nvJPEG refuses goes to the host
 
 
