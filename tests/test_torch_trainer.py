@@ -196,3 +196,27 @@ def test_dali_says_where_it_decoded(every_path):
     r = every_path["dali"]
     assert r["decoded_on"] == [{"rank": 0, "on": "cpu"}, {"rank": 1, "on": "cpu"}]  # no GPU here: DALI's CPU mode
     assert "decoded_on" not in every_path["python-queue"]  # synthetic producers decode nothing
+
+
+def test_spdls_loader_skips_a_file_that_is_not_a_jpeg_naming_it_once(tmp_path, capsys):
+    """A PNG named .JPEG (ImageNet has some): the next file of the shard takes its place, one line names it, and
+    no exception reaches SPDL (which logged a traceback for every such task)."""
+    from PIL import Image
+
+    from consumers.spdl.torch import _loader
+    from core.images.files import list_images
+
+    for name in ("a", "b", "c"):
+        (tmp_path / "cls").mkdir(exist_ok=True)
+        image = Image.new("RGB", (40, 30), (10, 200, 30))
+        image.save(tmp_path / "cls" / f"{name}.JPEG", format="PNG" if name == "b" else "JPEG")
+    files, labels, _ = list_images(str(tmp_path), None)
+    png = next(i for i, f in enumerate(files) if f.endswith("b.JPEG"))
+    skipped: set[int] = set()
+    load = _loader(files, labels, tmp_path, 16, list(range(len(files))), skipped, rank=0)
+    for _ in range(2):
+        image, label = load(png)
+        assert image.shape == (16, 16, 3) and abs(int(image[..., 1].mean()) - 200) < 10
+    assert skipped == {png}
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "skipping" in ln]
+    assert len(lines) == 1 and lines[0].endswith("b.JPEG: not a JPEG but PNG"), lines

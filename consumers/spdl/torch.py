@@ -20,6 +20,7 @@ import torch
 
 from consumers.spdl.path import PATH
 from consumers.torch_half import RankContext, TorchInputPath, labels_of
+from core.errors import InputError
 from core.registry import register
 from feeders.torch import Prefetcher
 from frameworks.torch_trace import stage
@@ -34,27 +35,22 @@ class Spdl(TorchInputPath):
         super().open(ctx)
         from spdl.pipeline import PipelineBuilder
 
-        from core.images.decoders import DECODERS, DEFAULT_DECODER
         from core.images.files import list_images
 
         cfg = self.cfg
         files, labels, _ = list_images(cfg.data, None)
         shard = list(range(ctx.rank, len(files), ctx.world)) or list(range(len(files)))
         root = Path(cfg.data)
-        decode = DECODERS[DEFAULT_DECODER]
         size = cfg.image_size
+
+        skipped: set[int] = set()  # files that are not JPEGs: named once, never sent again
+        load = _loader(files, labels, root, size, shard, skipped, ctx.rank)
 
         def indices():
             for epoch in range(1 << 62):
-                order = list(shard)
+                order = [i for i in shard if i not in skipped]
                 random.Random(f"{ctx.rank}/{epoch}").shuffle(order)
                 yield from order
-
-        def load(i: int) -> tuple[np.ndarray, int]:
-            out = np.empty((size, size, 3), np.uint8)
-            with stage("feedbench.decode"):  # on SPDL's thread pool
-                decode((root / files[i]).read_bytes(), random.Random(i), out)
-            return out, labels[i]
 
         def collate(items: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
             return [np.stack([im for im, _ in items]), np.array([lb for _, lb in items], np.int32)]
@@ -93,3 +89,30 @@ class Spdl(TorchInputPath):
     def close(self) -> None:
         self.pipeline.stop(timeout=10)
         self.prefetch.close()
+
+
+def _loader(files: list, labels: list, root: Path, size: int, shard: list[int], skipped: set[int], rank: int):
+    """SPDL's per-image task: file `i` decoded and cropped into a new array, with its label.
+
+    A file that is not a JPEG is skipped as the decode producers skip it, with one line naming it, and the next
+    file of the shard takes its place: a batch is never shorter, and SPDL logs no failed task for it.
+    """
+    from core.images.decoders import DECODERS, DEFAULT_DECODER, NotJpegError
+
+    decode = DECODERS[DEFAULT_DECODER]
+
+    def load(i: int) -> tuple[np.ndarray, int]:
+        out = np.empty((size, size, 3), np.uint8)
+        for _ in range(len(shard)):
+            try:
+                with stage("feedbench.decode"):  # on SPDL's thread pool
+                    decode((root / files[i]).read_bytes(), random.Random(i), out)
+                return out, labels[i]
+            except NotJpegError as e:
+                if i not in skipped:
+                    skipped.add(i)
+                    print(f"  warning: rank {rank}: skipping {root / files[i]}: {e}", flush=True)
+                i = shard[(shard.index(i) + 1) % len(shard)]
+        raise InputError(f"no file of rank {rank}'s share of {root} is a JPEG")
+
+    return load
