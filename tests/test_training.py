@@ -191,3 +191,34 @@ def test_a_run_made_to_diverge_is_flagged_and_exits_3(procs, tmp_path, framework
     assert [ln for ln in err.splitlines() if ln.startswith("error")] == [
         f"error: gpu: invalid: {r['training']['invalid']}: its figures are not reported"
     ]
+
+
+def test_fused_sgd_under_a_grad_scaler_steps_as_plain_sgd_when_its_first_steps_are_skipped():
+    """The cause of every non-finite ResNet-50 loss on the H200 (2026-11-26 and 28): a fused SGD whose first steps
+    a GradScaler skipped (a float16 run's first steps overflow while the scaler finds its scale) made its momentum
+    buffers from uninitialized memory, and its first update threw the weights to 1e24 or beyond. The trainer's
+    optimizer (harness/torch/run.py `sgd`), fused on this CPU as on a GPU, takes the same steps as plain SGD."""
+    torch = pytest.importorskip("torch")
+    from harness.torch.run import sgd
+
+    def train(fused: bool) -> list:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = sgd(model.parameters(), 0.1, fused)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        assert getattr(opt, "_step_supports_amp_scaling", False) == fused  # the scaler hands the fused kernel its skip
+        x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+        for step in range(8):
+            loss = torch.nn.functional.cross_entropy(model(x), y) * (1e36 if step < 2 else 1.0)  # 2 overflowing
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        assert scaler.get_scale() == 2.0**14  # the first two steps were skipped
+        return [p.detach().clone() for p in model.parameters()]
+
+    plain, fused = train(False), train(True)
+    assert all(torch.isfinite(p).all() for p in fused)
+    # The same steps, but for float rounding (the fused kernel unscales inside the update).
+    diffs = [float((a - b).abs().max()) for a, b in zip(plain, fused)]
+    assert max(diffs) < 1e-6, diffs

@@ -55,7 +55,7 @@ def build(cfg: BenchConfig, device, world: int):
     if cfg.stand_in:
         opt = models.StandInSGD(model.parameters(), lr)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused or None)
+        opt = sgd(model.parameters(), lr, fused)
     if cfg.use_xla_compile:
         model = torch.compile(model)  # --use-xla-compile: PyTorch's compiler; compiling happens in the warm-up
     amp = None
@@ -66,6 +66,24 @@ def build(cfg: BenchConfig, device, world: int):
             # float16 needs loss scaling; bfloat16 has float32's range.
             scaler = torch.amp.GradScaler("cuda", init_scale=INITIAL_SCALE)
     return model, opt, scaler, amp
+
+
+def sgd(params, lr: float, fused: bool):
+    """SGD with momentum 0.9 and weight decay 1e-4, its momentum buffers made (zeros) before the first step.
+
+    A fused SGD under a GradScaler (torch 2.11 to 2.14 at least) makes its momentum buffers from uninitialized
+    memory when the first steps are skipped, as a float16 run's first steps are while the scaler finds its
+    scale: the first update then throws the weights to 1e24 or beyond, and every loss after it is non-finite
+    (every ResNet-50 run on the H200, 2026-11-26 and 28). Buffers of zeros from the start give the same steps
+    as unfused SGD, skipped ones included (a zero buffer's first update is the gradient, as unfused SGD's).
+    """
+    import torch
+
+    params = list(params)
+    opt = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4, fused=fused or None)
+    for p in params:
+        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    return opt
 
 
 def train_path(cfg: BenchConfig, name: str, ctx) -> dict:
