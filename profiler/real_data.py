@@ -43,35 +43,48 @@ def demands(baseline: dict, devices: int) -> list[Demand]:
 NOT_TOLD_APART = 0.01  # input cores below this: the path's input runs on threads the meter cannot tell apart
 
 
-def feeding(result: dict, wanted: list[Demand], loader: str | None = None) -> dict:
+CORE_BOUND = 0.7  # the input side busy on at least this share of the cores it was given: they are its limit
+
+
+def feeding(result: dict, wanted: list[Demand], loader: str | None = None, given: int | None = None) -> dict:
     """A path's input side: its cores, images/s per core, and the cores each demand needs (extrapolated).
 
     Input cores too few to be the input's own (the baseline's, or DALI's or SPDL's threads inside the rank,
-    which are not told apart from the trainer's) are None: not measured, and no cores-needed figure.
+    which are not told apart from the trainer's) are None: not measured, and no cores-needed figure. Nor is
+    there one where the input side used under CORE_BOUND of the `given` cores (its producers or DataLoader
+    workers) while the path fell short: something else limits it (gpu-decode's decoding on the rank, on the
+    H200 of 2026-11-28: 1.2 of 4 cores busy), and more cores would not feed a faster device.
     """
     cores = (result.get("input_cpu") or {}).get("cores")
     cores = cores if cores is not None and cores >= NOT_TOLD_APART else None
     rate = (result.get("images_per_sec") or {}).get("median") or 0.0
     per_core = rate / cores if cores else None
+    short = (result.get("ratio_to_baseline") or 1.0) < 0.95
+    core_bound = None if cores is None or not given else cores >= CORE_BOUND * given or not short
     needs = []
     for d in wanted:
         words = {"device": d.device, "images_per_sec": d.images_per_sec, "devices": d.devices, "source": d.source}
-        needed = math.ceil(d.total / per_core) if per_core else None
+        needed = math.ceil(d.total / per_core) if per_core and core_bound is not False else None
         needs.append({**words, "total_images_per_sec": d.total, "cores_needed": needed, "extrapolated": True})
     return {
         "input_cores": cores,
+        "input_cores_given": given,
+        "core_bound": core_bound,
         "images_per_sec_per_input_core": per_core,
         "decoder": decoder_of(result, loader),
         "needs": needs,
     }
 
 
-def add_feeding(results: dict[str, dict], baseline: str, devices: int, loader: str | None = None) -> None:
-    """Each path's `feeding` block (the baseline's too: it decodes nothing and needs no input cores)."""
+def add_feeding(
+    results: dict[str, dict], baseline: str, devices: int, loader: str | None = None, given: int | None = None
+) -> None:
+    """Each path's `feeding` block (the baseline's too: it decodes nothing and needs no input cores); `given`:
+    the producers (and DataLoader workers) each path was given."""
     wanted = demands(results.get(baseline) or {}, devices)
-    for r in results.values():
+    for name, r in results.items():
         if r.get("images_per_sec"):
-            r["feeding"] = feeding(r, wanted, loader)
+            r["feeding"] = feeding(r, wanted, loader, None if name == baseline else given)
 
 
 def _num(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -98,7 +111,11 @@ def table(results: dict[str, dict]) -> str:
             _num(wait * 100 if wait is not None else None, "{:.0f}%"), _num(f["input_cores"]),
             _num(f["images_per_sec_per_input_core"], "{:,.0f}"), _num(first, "{:.2f} s"), f["decoder"],
         ])  # fmt: skip
-        needs_rows.append([name, *(_num(n["cores_needed"], "{:,}") for n in f["needs"])])
+        if f.get("core_bound") is False:  # its cores were not its limit: no cores-needed figure
+            busy = f"not core-bound: {f['input_cores']:.1f} of {f['input_cores_given']} cores busy"
+            needs_rows.append([name, *(busy for _ in f["needs"])])
+        else:
+            needs_rows.append([name, *(_num(n["cores_needed"], "{:,}") for n in f["needs"])])
     out = tabulate(
         rows,
         headers=[
@@ -125,6 +142,6 @@ def table(results: dict[str, dict]) -> str:
 
 def text(results: dict[str, dict], baseline: str, cfg) -> str:
     """Each path's `feeding` block added to its result, and the table that shows them."""
-    add_feeding(results, baseline, cfg.num_gpus, cfg.loader)
+    add_feeding(results, baseline, cfg.num_gpus, cfg.loader, getattr(cfg, "producers", None))
     head = f"feeding the model from {cfg.data} (input cores: the processes the ranks started and their input threads)"
     return head + "\n" + table(results)

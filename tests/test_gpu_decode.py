@@ -146,7 +146,9 @@ def test_real_data_compares_every_way_to_feed_from_one_folder(folder, procs, tmp
     for name in ("zmq-consume", "loader", "gpu-decode"):  # each decodes on input cores of its own
         f = paths[name]["feeding"]
         assert f["input_cores"] > 0 and f["images_per_sec_per_input_core"] > 0, (name, f)
-        assert [n["devices"] for n in f["needs"]] == [1, 8] and all(n["cores_needed"] >= 1 for n in f["needs"])
+        assert [n["devices"] for n in f["needs"]] == [1, 8], (name, f)
+        # A figure where its cores were its limit; none where they were not (busy on under 70% of them).
+        assert all((n["cores_needed"] >= 1) if f["core_bound"] else n["cores_needed"] is None for n in f["needs"])
     assert "decode producers" in paths["zmq-consume"]["feeding"]["decoder"]
     assert "torchvision_imagefolder" in paths["loader"]["feeding"]["decoder"]
     assert paths["gpu-decode"]["feeding"]["decoder"].endswith("on cpu")
@@ -220,3 +222,23 @@ def test_the_real_data_table_gives_no_figure_for_a_model_that_did_not_train() ->
         assert rows[name].split()[1] == "invalid", out
         assert "1,527" not in rows[name] and "0.13" not in rows[name], out
     assert "invalid: the path's model did not train" in out
+
+
+@pytest.mark.parametrize("producers", [4, 12])
+def test_cores_needed_are_not_extrapolated_where_the_input_cores_were_not_the_limit(producers) -> None:
+    """gpu-decode on the H200 (docs/gpu-runs/2026-11-28-h200): 1.2 of 4 and 2.5 of 12 producer cores busy while
+    it fell short, so its limit was its decoding on the rank; the table said 31 and then 52 cores would feed 8
+    devices. Read as though the model had trained, the cores-needed rows say what limited each path instead."""
+    from types import SimpleNamespace
+
+    from profiler.real_data import text
+
+    doc = json.loads((ROOT / f"docs/gpu-runs/2026-11-28-h200/real_data-p{producers}.json").read_text())
+    for r in doc["paths"].values():
+        r["training"]["invalid"], r["loss_finite"] = None, True
+    out = text(doc["paths"], "gpu", SimpleNamespace(data="DIR", num_gpus=1, loader=None, producers=producers))
+    needs = {ln.split()[0]: ln for ln in out.split("cores for 1 x")[1].splitlines()[2:6]}
+    assert "not core-bound" in needs["gpu-decode"], out
+    assert doc["paths"]["gpu-decode"]["feeding"]["core_bound"] is False
+    assert all(n["cores_needed"] is None for n in doc["paths"]["gpu-decode"]["feeding"]["needs"])
+    assert "not core-bound" not in needs["zmq-consume"], out  # its producers' cores were busy: their figure holds
