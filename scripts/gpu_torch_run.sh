@@ -124,9 +124,13 @@ env_report() {
 # The code measured: its commit (and whether the tree had changes), first in the log.
 stamp() {
     local commit
-    # FEEDBENCH_COMMIT: the commit of a copy of the tree that has no .git (a machine the tree was copied to).
-    commit=$(git rev-parse HEAD 2>/dev/null) || commit="${FEEDBENCH_COMMIT:-unknown (not a git checkout)}"
-    [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit, with uncommitted changes"
+    # FEEDBENCH_COMMIT: the commit of a tree copied to another machine, whose .git (if any) may be older.
+    if [ -n "${FEEDBENCH_COMMIT:-}" ]; then
+        commit="$FEEDBENCH_COMMIT (as given)"
+    else
+        commit=$(git rev-parse HEAD 2>/dev/null) || commit="unknown (not a git checkout)"
+        [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit, with uncommitted changes"
+    fi
     echo "== code: feedbench $commit; budget ${BUDGET} s; steps $STEPS" | tee -a "$LOG"
 }
 stamp
@@ -155,6 +159,12 @@ emulated() {
     if [ "${SMALL:-0}" = 1 ]; then rate=400; else rate=$(baseline_rate); fi
     echo "-- the emulated device at the headline's baseline: $rate images/s"
     each_cores emulated "${REAL[@]}" --emulate-rate "$rate"
+    local n
+    for n in "${INPUT_CORES[@]}"; do  # the prediction beside the real device, path by path
+        [ -f "$OUT/real_data-p$n.json" ] && [ -f "$OUT/emulated-p$n.json" ] &&
+            "$PY" -m benchmarks.emulated_vs_real "$OUT/real_data-p$n.json" "$OUT/emulated-p$n.json"
+    done
+    return 0
 }
 
 gpu_tests() {
