@@ -4,8 +4,9 @@ random-resized crop and flip as the decode producers, resizes to the model's siz
 
 A thread receives the batches (producers/read.py sends them, a shard of the folder each) and decodes them
 `depth` batches ahead of the step, on a side stream on a GPU. Without a GPU the same calls decode on the
-host, and the figures say `decoded_on: cpu`. A file that cannot be decoded stops the run with one line
-naming it: a batch is never made shorter.
+host, and the figures say `decoded_on: cpu`. A file the device's decoder refuses (nvJPEG leaves CMYK to the
+host) is decoded on the host and named in the figures; a file neither decodes stops the run with one line naming
+it: a batch is never made shorter.
 """
 
 from __future__ import annotations
