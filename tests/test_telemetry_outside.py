@@ -103,9 +103,13 @@ def _in_timed_windows(telemetry: bool) -> set[str]:
     return {name for t, name in calls.calls if any(a <= t <= b for a, b in windows)}
 
 
-def test_a_timed_step_runs_the_same_code_with_telemetry_on_as_off():
+def test_a_timed_step_runs_the_same_code_with_telemetry_on_as_off(monkeypatch):
     """Telemetry samples in untimed steps: none of its code (its hooks, the CPU snapshots) runs in a timed
-    step, where each call would add to the steps it reports on. Observed through real runs, both ways."""
+    step, where each call would add to the steps it reports on. Observed through real runs, both ways, without
+    a terminal (on one, the progress bar asks for the telemetry's status twice a second: docs/profiling.md)."""
+    from profiler import progress
+
+    monkeypatch.setattr(progress, "interactive", lambda: False)
     on, off = _in_timed_windows(True), _in_timed_windows(False)
     assert any(name.startswith("harness/tf/measure.py:StepTimer") for name in off)  # the profile saw the steps
     assert on == off, f"with telemetry on only: {sorted(on - off)}; off only: {sorted(off - on)}"
