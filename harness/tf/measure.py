@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from tensorpack.callbacks import Callback
@@ -28,23 +29,64 @@ COST_COLLECTION = "feedbench_cost"  # the first tower's loss, put there by harne
 
 
 class StepTimer(Callback):
-    """Records each step's start and end, and fetches the loss so its finiteness can be checked."""
+    """Records each step's start and end, and fetches the loss so its finiteness can be checked.
 
-    def __init__(self) -> None:
+    It is the run's only measuring hook in every step. What else measures the
+    run (telemetry, CPU snapshots) is a sampler it calls only in the steps the
+    sampler names (harness/tf/telemetry.py): `steps_with()`, untimed steps it
+    adds fetches or a trace to (`before_step`), and `steps_after()`, steps after
+    whose end, the clock read, it takes a snapshot (`after_step`). A timed step
+    pays two dict lookups, the same with telemetry on or off, and no hook of theirs.
+    A sampler is a Callback whose `setup_graph` and `before_train` this calls.
+    """
+
+    def __init__(self, samplers: Sequence[Callback] = ()) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.losses: list[float] = []
+        self.samplers = list(samplers)
+        self._with: dict[int, list[Callback]] = {}  # step: the samplers that add to it
+        self._after: dict[int, list[Callback]] = {}  # step: the samplers that read after it
 
     def _setup_graph(self) -> None:
         self._cost = tf.compat.v1.get_collection(COST_COLLECTION)[0]
+        self._plain = tf.compat.v1.train.SessionRunArgs(fetches=self._cost)
+        for s in self.samplers:
+            s.setup_graph(self.trainer)
+
+    def _before_train(self) -> None:
+        for s in self.samplers:
+            s.before_train()
+            for step in s.steps_with():
+                self._with.setdefault(step, []).append(s)
+            for step in s.steps_after():
+                self._after.setdefault(step, []).append(s)
 
     def _before_run(self, ctx):
         self.starts.append(time.perf_counter())
-        return tf.compat.v1.train.SessionRunArgs(fetches=self._cost)
+        here = self._with.get(len(self.starts) - 1)
+        if here is None:
+            return self._plain
+        fetches, options = {"loss": self._cost}, None
+        for i, s in enumerate(here):
+            args = s.before_step(len(self.starts) - 1, ctx)
+            if args is not None:
+                fetches[i] = args.fetches
+                options = options or args.options  # one sampler traces (Telemetry), the rest only fetch
+        return tf.compat.v1.train.SessionRunArgs(fetches=fetches, options=options)
 
     def _after_run(self, ctx, values) -> None:
         self.ends.append(time.perf_counter())
-        self.losses.append(float(values.results))
+        step = len(self.ends) - 1
+        here, after = self._with.get(step), self._after.get(step)
+        if here is None:
+            self.losses.append(float(values.results))
+        else:
+            self.losses.append(float(values.results["loss"]))
+            for i, s in enumerate(here):
+                s.after_step(step, ctx, values._replace(results=values.results.get(i)))
+        for s in after or ():
+            s.after_step(step, ctx, values._replace(results=None))
 
 
 def summarize(

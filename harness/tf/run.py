@@ -244,23 +244,26 @@ def build(
 
 
 def _callbacks(built: Built, group: ProducerGroup | None, extra: list[Callback]) -> tuple[StepTimer, list[Callback]]:
-    """The training session's callbacks: timing, the path's own, producer watch, telemetry, profile, progress."""
+    """The training session's callbacks: timing, producer watch, profile, progress, the path's own.
+
+    Telemetry and CPU use are no callbacks of their own: the step timer runs them in the untimed steps
+    they name, so with telemetry on a timed step runs the same hooks as with it off.
+    """
     cfg, path = built.cfg, built.path
     schedule = Schedule.of(cfg)
-    timer = StepTimer()
+    telemetry = None
+    samplers: list[Callback] = []
+    if cfg.telemetry:
+        telemetry = Telemetry(path, schedule, cfg.batch * cfg.num_gpus, sample_every=cfg.telemetry_every)
+        samplers = [telemetry, CpuUse(cfg.warmup_steps, schedule.total, group)]  # CPU per input stage
+    timer = StepTimer(samplers)
     callbacks = [timer] if cfg.input_only else [RunUpdateOps(), timer]
     if group is not None:
         callbacks.append(_WatchProducers(group, cfg.on_producer_exit))
-    telemetry = None
-    if cfg.telemetry:
-        telemetry = Telemetry(path, schedule, cfg.batch * cfg.num_gpus, sample_every=cfg.telemetry_every)
     if cfg.profile_dir:
         callbacks.append(
             ProfileSteps(os.path.join(cfg.profile_dir, path.name), schedule.profile_start, PROFILED_STEPS, telemetry)
         )
-    if telemetry is not None:
-        callbacks.append(telemetry)
-        callbacks.append(CpuUse(cfg.warmup_steps, schedule.total, group))  # CPU per input stage (profiler/cpu.py)
     status = telemetry.live if telemetry is not None else None
     callbacks.append(Progress(RunProgress(path.name, cfg.warmup_steps, schedule.total, status)))
     callbacks += path.callbacks()
@@ -352,7 +355,7 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             timer, callbacks = _callbacks(built, group, list(extra_callbacks))
             _train(built, callbacks, has_gpu, group)
             _check_complete(built, timer, group)
-            return _result(built, timer, callbacks, opened)
+            return _result(built, timer, opened)
     finally:
         if built is not None:
             built.path.stop()
@@ -364,17 +367,17 @@ def run_path(cfg: BenchConfig, path: str, has_gpu: bool, extra_callbacks: list[C
             release_endpoint()
 
 
-def _result(built: Built, timer: StepTimer, callbacks: list[Callback], opened: float) -> dict:
+def _result(built: Built, timer: StepTimer, opened: float) -> dict:
     """The path's result dict (docs/results.md): timing figures, accounting, each stage's telemetry."""
     cfg = built.cfg
     scale = getattr(built.model, "loss_scale", None) if getattr(built.model, "use_fp16", False) else None
     result = summarize(timer, Schedule.of(cfg), cfg.batch * cfg.num_gpus, cfg.num_gpus, scale)
     parts = {"to_first_step_s": timer.starts[0] - opened, "first_step_s": timer.ends[0] - timer.starts[0]}
     result["first_batch"] = first_batch.figure("tf", timer.ends[0] - opened, parts=parts)
-    telemetry = next((c for c in callbacks if isinstance(c, Telemetry)), None)
+    telemetry = next((c for c in timer.samplers if isinstance(c, Telemetry)), None)
     if telemetry is not None:
         result["telemetry"] = telemetry.summary()
-        cpu_use = next((c for c in callbacks if isinstance(c, CpuUse)), None)
+        cpu_use = next((c for c in timer.samplers if isinstance(c, CpuUse)), None)
         result["telemetry"]["cpu"] = cpu_use.summary() if cpu_use is not None else None
     fields = built.path.result_fields()  # after the telemetry: a path may read its window's figures
     refuse_undeclared(built.path.declaration.result_fields(), fields, built.path.name)

@@ -1,4 +1,4 @@
-"""Per-stage telemetry of one run, gathered cheaply every step (the TensorFlow side).
+"""Per-stage telemetry of one run, gathered outside the timed steps (the TensorFlow side).
 
 Nothing here runs inside a timed window: after each window the run takes a
 few untimed telemetry steps (as many as tracing every `sample_every`-th
@@ -12,6 +12,10 @@ the ones that block when no batch is ready. A step waits for input only while
 such an op runs and no other op does: that *exposed* input time, over the
 step's wall time, is the input share of the step (the TensorFlow profiler's
 convention). Input ops that run in parallel with compute cost nothing.
+
+Neither this nor CpuUse is a session hook of its own: the step timer
+(harness/tf/measure.py) hands them only the steps they name, so a timed step
+runs the same hooks with telemetry on as off.
 
 This callback only gathers: each stage (the path's queue, the staging areas)
 gives the tensors to fetch with every telemetry step and turns its samples
@@ -50,7 +54,6 @@ class Telemetry(Callback):
         self.schedule = schedule
         self.images_per_step = images_per_step
         self.sample_every = max(1, sample_every)
-        self.step = 0
         self.paused = False  # set by the profiler while its own trace runs (one trace at a time)
         self.traced: list[tuple[float, float]] = []  # (exposed input ms, step wall ms)
         self.recent: deque[float] = deque(maxlen=8)
@@ -70,7 +73,6 @@ class Telemetry(Callback):
 
     def _before_train(self) -> None:
         sched = self.schedule
-        # Looked up, not computed, in every step: a timed step pays two set lookups here.
         self._traced_steps = frozenset(i for i in range(sched.total) if sched.telemetry(i))
         self._snapshots = {sched.warmup - 1: 0}  # between the warm-up and the first window
         if sched.repeats:
@@ -78,20 +80,24 @@ class Telemetry(Callback):
         if sched.warmup == 0:
             self._window[0] = self.path.counters(self.trainer.sess)
 
-    def _before_run(self, ctx):
-        self._tracing = self.step in self._traced_steps
-        if not self._tracing:
-            return None  # a warm-up, timed or profiled step: add nothing to it
+    def steps_with(self) -> frozenset[int]:
+        """The telemetry steps, each traced and sampled (StepTimer hands them over: harness/tf/measure.py)."""
+        return self._traced_steps
+
+    def steps_after(self) -> set[int]:
+        """The steps after which the wire's counters are read: the last warm-up step, the last timed step."""
+        return set(self._snapshots) - self._traced_steps
+
+    def before_step(self, step: int, ctx):
         self._t0 = time.perf_counter()
         options = None if self.paused else tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         return tf.compat.v1.train.SessionRunArgs(fetches=self._fetches, options=options)
 
-    def _after_run(self, ctx, values) -> None:
-        step, self.step = self.step, self.step + 1
+    def after_step(self, step: int, ctx, values) -> None:
         slot = self._snapshots.get(step)
         if slot is not None:
             self._window[slot] = self.path.counters(ctx.session)
-        if not self._tracing:
+        if step not in self._traced_steps:
             return
         wall = time.perf_counter() - self._t0
         self.recent.append(wall)
@@ -133,15 +139,14 @@ class CpuUse(Callback):
 
     Two snapshots, before the first timed step and after the last one; reading
     /proc and psutil twice costs a few milliseconds, outside the timed window's steps:
-    the first is taken when the last warm-up step has ended (its hook runs after the step
-    timer's), never in the first timed step's own hooks, which run after the timer started it.
+    StepTimer hands this the last warm-up step and the run's last step once each has
+    ended (its clock already read), never a timed step.
     """
 
     def __init__(self, warmup: int, total_steps: int, producers=None) -> None:
         self.warmup = warmup
         self.total_steps = total_steps
         self.producers = producers  # a ProducerGroup (its procs' pids), or None
-        self.step = 0
         self._a = self._b = None
 
     def _meter(self):
@@ -158,12 +163,19 @@ class CpuUse(Callback):
         if self.warmup == 0:  # no warm-up step to follow: before the first step
             self._start()
 
-    def _after_run(self, ctx, values) -> None:
-        if self.step == self.warmup - 1:
+    def steps_with(self) -> set[int]:
+        """None: this adds nothing to a step (StepTimer, harness/tf/measure.py)."""
+        return set()
+
+    def steps_after(self) -> set[int]:
+        """The steps after which this snapshots: the last warm-up step and the run's last step."""
+        return {s for s in (self.warmup - 1, self.total_steps - 1) if s >= 0}
+
+    def after_step(self, step: int, ctx, values) -> None:
+        if step == self.warmup - 1:
             self._start()
-        if self.step == self.total_steps - 1 and self._a is not None:
+        if step == self.total_steps - 1 and self._a is not None:
             self._b = self.meter.snapshot()
-        self.step += 1
 
     def summary(self) -> dict | None:
         if self._a is None or self._b is None:
