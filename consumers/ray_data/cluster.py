@@ -64,6 +64,15 @@ def check_address(text: str, timeout: float) -> None:
         raise ConfigError(f"--ray-address {text}: no Ray head reachable there ({why} within {timeout:g} s)") from None
 
 
+def _is_ray(p: psutil.Process) -> bool:
+    """A process of Ray's: its servers and workers (ray::<task>), or a program of the ray package's."""
+    try:
+        name, cmd = p.name(), " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+    return name in ("gcs_server", "raylet") or name.startswith("ray::") or f"{os.sep}ray{os.sep}" in cmd
+
+
 @dataclass
 class RayCluster:
     """The cluster this process is connected to; `started_here` when this process started it."""
@@ -72,11 +81,13 @@ class RayCluster:
     token: str | None  # the run's own cluster's token (None: an existing cluster's, set up the Ray way)
     started_here: bool
     temp_dir: str | None = None
-    pids: list[int] = field(default_factory=list)  # the processes `ray.init` started (started_here)
+    procs: list[psutil.Process] = field(default_factory=list)  # what `ray.init` started (started_here)
+    before: set[int] | None = None  # this process's descendants before `up` (started_here)
 
     @classmethod
-    def start(cls, cpus: int) -> RayCluster:
-        """A head node of `cpus` CPUs on 127.0.0.1, in a temp folder of its own."""
+    def local(cls) -> RayCluster:
+        """A head node to start on 127.0.0.1 (`up`), its token and temp folder made: hold it before `up`, so a
+        signal while Ray starts still finds (`kill`) whatever has started by then."""
         token = secrets.token_hex(32)
         local_environment(token)
         temp = tempfile.mkdtemp(prefix="feedbench-ray-")
@@ -86,19 +97,20 @@ class RayCluster:
                 f"ray-data: the temp folder {temp} is too long for Ray's sockets (AF_UNIX: {SOCKET_LIMIT} bytes); "
                 "set TMPDIR to a shorter folder"
             )
-        before = {p.pid for p in psutil.Process().children()}
-        cluster = cls("", token, True, temp)
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        return cls("", token, True, temp, before=before)
+
+    def up(self, cpus: int) -> None:
+        """Start the head node with `cpus` CPUs, in the temp folder, without a dashboard; stopped on failure."""
         try:
             ctx = _quiet_init(
-                num_cpus=cpus, num_gpus=0, _temp_dir=temp, include_dashboard=False, _node_ip_address=LOOPBACK
+                num_cpus=cpus, num_gpus=0, _temp_dir=self.temp_dir, include_dashboard=False, _node_ip_address=LOOPBACK
             )
         except BaseException:
-            cluster.pids = [p.pid for p in psutil.Process().children() if p.pid not in before]
-            cluster.stop()
+            self.stop()
             raise
-        cluster.address = ctx.address_info["gcs_address"]
-        cluster.pids = [p.pid for p in psutil.Process().children() if p.pid not in before]
-        return cluster
+        self.address = ctx.address_info["gcs_address"]
+        self.procs = self._processes()
 
     @classmethod
     def join(cls, address: str, token: str | None, started_here: bool = False) -> RayCluster:
@@ -108,20 +120,31 @@ class RayCluster:
         return cls(address, token, started_here)
 
     def server_cpu(self) -> dict[str, float | None]:
-        """CPU seconds so far of each process `start` started ("head <name> <pid>": the GCS, the raylet, Ray's
-        agents) and of each worker, the raylet's children ("worker <pid>")."""
+        """CPU seconds so far of each of the head's processes ("head <name> <pid>": the GCS, the raylet, Ray's
+        agents) and of each worker ("worker <pid>": a raylet's child running tasks, named ray::<task>)."""
         out: dict[str, float | None] = {}
-        for pid in self.pids:
+        for p in self._processes():
             try:
-                p = psutil.Process(pid)
                 name = p.name()
-                out[f"head {name} {pid}"] = sum(p.cpu_times()[:2])
-                if name == "raylet":
-                    for w in p.children():
-                        out[f"worker {w.pid}"] = sum(w.cpu_times()[:2])
+                worker = name.startswith("ray::") and not name.endswith("Agent")
+                out[f"worker {p.pid}" if worker else f"head {name} {p.pid}"] = sum(p.cpu_times()[:2])
             except psutil.Error:
                 continue
         return out
+
+    def _processes(self) -> list[psutil.Process]:
+        """What `up` started and, now, everything under it (the workers the raylet started since): held as
+        psutil objects, so a process whose id was reused since is never touched."""
+        found: dict[int, psutil.Process] = {}
+        if self.before is not None:  # what ray.init has started under this process so far
+            new = [p for p in psutil.Process().children(recursive=True) if p.pid not in self.before]
+            found.update({p.pid: p for p in new if _is_ray(p)})
+        for p in self.procs:
+            try:
+                found.update({q.pid: q for q in (p, *p.children(recursive=True))})
+            except psutil.Error:
+                continue
+        return list(found.values())
 
     def stop(self) -> None:
         """Disconnect; a cluster started here is shut down, its processes killed and its folder removed."""
@@ -134,21 +157,15 @@ class RayCluster:
         self.kill()
 
     def kill(self) -> None:
-        """Kill what `start` started (and their children) by process id, and remove the temp folder."""
-        procs = []
-        for pid in self.pids:
-            try:
-                p = psutil.Process(pid)
-                procs += [p, *p.children(recursive=True)]
-            except psutil.Error:
-                continue
+        """Kill what `up` started (and their children) by process id, and remove the temp folder."""
+        procs = self._processes()
         for p in procs:
             try:
                 p.kill()
             except psutil.Error:
                 pass
         psutil.wait_procs(procs, timeout=10)
-        self.pids = []
+        self.procs = []
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None

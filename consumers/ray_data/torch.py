@@ -110,7 +110,8 @@ class RayData(TorchInputPath):
         if cfg.ray_address:
             self.cluster = RayCluster.join(cfg.ray_address, None)
         else:
-            self.cluster = RayCluster.start(cfg.ray_cpus)
+            self.cluster = RayCluster.local()
+            self.cluster.up(cfg.ray_cpus)
         import ray.cloudpickle as pickle  # after the cluster: its settings are read when ray is imported
 
         batches = cfg.warmup_steps + cfg.steps * cfg.repeats
