@@ -146,3 +146,35 @@ def _cmd(p: psutil.Process) -> list[str]:
         return p.cmdline()
     except psutil.Error:
         return []
+
+
+@pytest.mark.parametrize(
+    "kw, line",
+    [
+        ({"producer_kind": "decode"}, "--fake-location ray-data with --producer-kind decode: its pipeline makes "
+         "synthetic images only"),
+        ({"ray_address": "nohost"}, "--ray-address nohost: expected HOST:PORT (a Ray head's GCS address)"),
+    ],
+)  # fmt: skip
+def test_flags_it_cannot_work_with_are_refused_in_one_line(kw, line):
+    from consumers import declared
+    from core.config import BenchConfig
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        declared.of("torch")[PATH].check(BenchConfig(**kw), "torch")
+    assert str(e.value) == line
+
+
+def test_an_unreachable_ray_address_is_one_line_naming_it():
+    from consumers import declared
+    from core.config import BenchConfig
+    from core.errors import ConfigError
+    from wire.endpoints import free_tcp_port
+
+    port = free_tcp_port()
+    with pytest.raises(ConfigError) as e:
+        declared.of("torch")[PATH].check(BenchConfig(ray_address=f"127.0.0.1:{port}", recv_timeout=5), "torch")
+    assert (
+        str(e.value) == f"--ray-address 127.0.0.1:{port}: no Ray head reachable there (connection refused within 5 s)"
+    )
