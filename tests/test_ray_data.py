@@ -1,7 +1,8 @@
 """ray-data: a real Ray cluster (gcs_server, raylet, workers on 127.0.0.1 ports), every image delivered once.
 
-Each run starts its own cluster (the path's default): ResNet-50 on two torchrun ranks (gloo), the stand-in
-through the command line, and one run interrupted with SIGINT while its cluster is up. Ray is kept small
+Each run starts its own cluster (the path's default): ResNet-50 on two torchrun ranks (gloo, synthetic
+images), the stand-in decoding a JPEG folder through the command line, and one run interrupted with SIGINT
+while its cluster is up. Ray is kept small
 (one CPU, 32x32 images) so the module stays within a minute or two on two cores.
 """
 
@@ -83,11 +84,15 @@ def test_resnet50_trains_on_two_ranks_and_every_image_comes_once(tmp_path):
     assert [x["rank"] for x in ray["ranks"]] == [0, 1] and all(x["images_per_sec"] > 0 for x in ray["ranks"])
 
 
-def test_the_stand_in_runs_from_the_command_line_and_matches_the_schema(procs, short_tmp, tmp_path):
+def test_the_stand_in_decodes_a_folder_from_the_command_line_and_matches_the_schema(procs, short_tmp, tmp_path):
+    from producers.dataset import make_dataset
+
+    make_dataset(tmp_path / "data", classes=2, per_class=4, seed=1)
     out = tmp_path / "r.json"
     run = procs.start(
         "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
-        "--ray-cpus", "1", *SMALL, "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
+        "--ray-cpus", "1", "--producer-kind", "decode", "--data", str(tmp_path / "data"), *SMALL,
+        "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
     )  # fmt: skip
     stdout, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-3000:]
@@ -96,6 +101,7 @@ def test_the_stand_in_runs_from_the_command_line_and_matches_the_schema(procs, s
     r = doc["paths"][PATH]
     _delivered_once(r, 1)
     assert r["ratio_to_baseline"] > 0 and 0 <= r["telemetry"]["input_wait_share"] <= 1
+    assert any("decoded_rows" in op["name"] for op in r["ray"]["operators"])
     assert not left_in(short_tmp)  # the cluster's temp folder is gone with it
 
 
@@ -151,8 +157,10 @@ def _cmd(p: psutil.Process) -> list[str]:
 @pytest.mark.parametrize(
     "kw, line",
     [
-        ({"producer_kind": "decode"}, "--fake-location ray-data with --producer-kind decode: its pipeline makes "
-         "synthetic images only"),
+        ({"producer_kind": "read"}, "--fake-location ray-data with --producer-kind read: its pipeline does synthetic "
+         "or decode work (--producer-kind synthetic|decode)"),
+        ({"producer_kind": "decode"}, "--fake-location ray-data needs --data DIR, a JPEG folder (make one: python -m "
+         "producers make-dataset DIR)"),
         ({"ray_address": "nohost"}, "--ray-address nohost: expected HOST:PORT (a Ray head's GCS address)"),
     ],
 )  # fmt: skip

@@ -8,18 +8,23 @@ import importlib.util
 from typing import Any
 
 from core.errors import ConfigError
-from core.registry import Declaration
+from core.registry import Declaration, needs_data
 from core.result_fields import RankValues, ResultField
 
 NAME = "ray-data"
 
 
 def validate(cfg: Any) -> None:
-    """Synthetic work (the only work its pipeline does yet), and --ray-address reachable when given."""
+    """The producers' synthetic or decode work, and --ray-address reachable when given."""
     kind = cfg.producer_kind
-    if kind != "synthetic":
+    if kind not in ("synthetic", "decode"):
         what = "--loader" if kind == "loader" else f"--producer-kind {kind}"
-        raise ConfigError(f"--fake-location {NAME} with {what}: its pipeline makes synthetic images only")
+        raise ConfigError(
+            f"--fake-location {NAME} with {what}: its pipeline does synthetic or decode work "
+            "(--producer-kind synthetic|decode)"
+        )
+    if kind == "decode":
+        needs_data(cfg, NAME)
     if cfg.ray_address:
         from consumers.ray_data.cluster import check_address
 

@@ -27,6 +27,7 @@ from consumers.ray_data.cluster import RayCluster
 from consumers.ray_data.path import PATH, merge_ranges
 from consumers.torch_half import RankContext, TorchInputPath, labels_of
 from core.errors import InputError
+from core.images.files import DatasetError
 from core.registry import register
 from feeders.device_copy import SideCopy
 from runner import shutdown
@@ -116,7 +117,11 @@ class RayData(TorchInputPath):
 
         batches = cfg.warmup_steps + cfg.steps * cfg.repeats
         self.rows = pipeline.rows_needed(batches, cfg.batch, ctx.world, cfg.ray_prefetch)
-        ds = pipeline.synthetic(self.rows, cfg.batch, cfg.image_size)
+        data = cfg.data if cfg.producer_kind == "decode" else None
+        try:
+            ds = pipeline.dataset(self.rows, cfg.batch, cfg.image_size, data)
+        except DatasetError as e:
+            raise InputError(f"{PATH.name}: {e}") from None
         self.splits = ds.streaming_split(ctx.world, equal=True)  # kept: rank 0 owns the split's coordinator
         c = self.cluster
         return {
