@@ -186,3 +186,15 @@ def test_an_unreachable_ray_address_is_one_line_naming_it():
     assert (
         str(e.value) == f"--ray-address 127.0.0.1:{port}: no Ray head reachable there (connection refused within 5 s)"
     )
+
+
+def test_an_image_two_ranks_both_took_counts_as_duplicated():
+    """The merge over the ranks joins each rank's ranges: an image on two ranks is one distinct, one twice."""
+    from consumers.ray_data.path import IMAGES
+
+    ranks = [
+        (0, {"received": 4, "distinct": 4, "ranges": [[0, 4]]}),
+        (1, {"received": 4, "distinct": 4, "ranges": [[3, 7]]}),
+    ]
+    merged = IMAGES.merge("images", ranks)["images"]
+    assert (merged["received"], merged["distinct"], merged["duplicated"]) == (8, 7, 1)

@@ -17,6 +17,7 @@ rank whose step took it, so the result shows every image came once.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,20 +44,25 @@ def torch_batches_missing() -> str | None:
 
 
 class Seen:
-    """The sequence numbers a rank's steps took, as sorted ranges (a split hands out runs of them)."""
+    """The sequence numbers a rank's steps took, as [start, end) ranges (a split hands out runs of them, in
+    order within a block): a batch that goes on from the last range extends it, anything else starts one."""
 
     def __init__(self) -> None:
         self.received = 0
         self.ranges: list[list[int]] = []
 
     def add(self, seq: torch.Tensor) -> None:
-        values = seq.tolist()
-        self.received += len(values)
-        self.ranges = merge_ranges(self.ranges + [[v, v + 1] for v in values])
+        for v in seq.tolist():
+            self.received += 1
+            if self.ranges and self.ranges[-1][1] == v:
+                self.ranges[-1][1] = v + 1
+            else:
+                self.ranges.append([v, v + 1])
 
     def figures(self) -> dict:
-        distinct = sum(b - a for a, b in self.ranges)
-        return {"received": self.received, "distinct": distinct, "ranges": self.ranges}
+        """Received, distinct (from the ranges joined), and the joined ranges for the merge over the ranks."""
+        ranges = merge_ranges(self.ranges)
+        return {"received": self.received, "distinct": sum(b - a for a, b in ranges), "ranges": ranges}
 
 
 @register
@@ -149,8 +155,14 @@ class RayData(TorchInputPath):
             passes += 1
 
     def _tensors(self, b: dict) -> dict:
-        """A numpy batch as tensors, pinned on a GPU (what iter_torch_batches' pin_memory does)."""
-        out = {k: torch.from_numpy(v) for k, v in b.items()}
+        """A numpy batch as tensors, pinned on a GPU (what iter_torch_batches' pin_memory does).
+
+        Ray hands out read-only views of its blocks; nothing here writes to them, so torch's warning about
+        a non-writable array is silenced rather than paid for with a copy.
+        """
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            out = {k: torch.from_numpy(v) for k, v in b.items()}
         return {k: v.pin_memory() for k, v in out.items()} if self.cuda else out
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
