@@ -198,3 +198,17 @@ def test_an_image_two_ranks_both_took_counts_as_duplicated():
     ]
     merged = IMAGES.merge("images", ranks)["images"]
     assert (merged["received"], merged["distinct"], merged["duplicated"]) == (8, 7, 1)
+
+
+def test_a_temp_folder_too_long_for_rays_sockets_is_one_line_naming_it_and_is_removed(tmp_path, monkeypatch):
+    from consumers.ray_data.cluster import RayCluster
+    from core.errors import InputError
+
+    deep = tmp_path / ("t" * 80)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(InputError) as e:
+        RayCluster.local()
+    line = str(e.value)
+    assert line.startswith(f"ray-data: the temp folder {deep}/feedbench-ray-") and "set TMPDIR" in line, line
+    assert "\n" not in line and not os.listdir(deep)

@@ -88,8 +88,6 @@ class RayCluster:
     def local(cls) -> RayCluster:
         """A head node to start on 127.0.0.1 (`up`), its token and temp folder made: hold it before `up`, so a
         signal while Ray starts still finds (`kill`) whatever has started by then."""
-        token = secrets.token_hex(32)
-        local_environment(token)
         temp = tempfile.mkdtemp(prefix="feedbench-ray-")
         if len(temp) + SOCKET_TAIL > SOCKET_LIMIT:
             shutil.rmtree(temp, ignore_errors=True)
@@ -97,6 +95,8 @@ class RayCluster:
                 f"ray-data: the temp folder {temp} is too long for Ray's sockets (AF_UNIX: {SOCKET_LIMIT} bytes); "
                 "set TMPDIR to a shorter folder"
             )
+        token = secrets.token_hex(32)
+        local_environment(token)
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         return cls("", token, True, temp, before=before)
 

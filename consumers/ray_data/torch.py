@@ -97,8 +97,8 @@ class RayData(TorchInputPath):
         if ctx.rank == 0:
             try:
                 sent = [self._start_and_split()]
-            except Exception as e:
-                sent = [{"error": str(e)}]
+            except Exception as e:  # Ray's errors run to many lines (its log tails): the run says the first
+                sent = [{"error": (str(e).strip().splitlines() or [type(e).__name__])[0]}]
         if dist.is_initialized() and ctx.world > 1:
             dist.broadcast_object_list(sent, src=0)
         got = sent[0]
