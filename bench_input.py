@@ -262,7 +262,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument(
         "--ray-prefetch", type=positive_int, default=BenchConfig.ray_prefetch,
-        help="ray-data: batches each rank's iterator fetches ahead (iter_torch_batches' prefetch_batches)",
+        help="ray-data: batches each rank's iterator fetches ahead (iter_batches' prefetch_batches)",
     )  # fmt: skip
 
 

@@ -91,9 +91,8 @@ setup(
         "pillow>=10",
         "simplejpeg>=1.7",
         "opencv-python-headless>=4.11",
-        # Ray Data for the `ray-data` path (docs/engines.md); its iter_torch_batches imports ray.train, whose
-        # pydantic comes with the `train` extra. TensorFlow brings the tf.data service itself.
-        "ray[data,train]>=2.40",
+        # Ray Data for the `ray-data` path (docs/engines.md). TensorFlow brings the tf.data service itself.
+        "ray[data]>=2.40",
     ],
     extras_require={
         "test": [

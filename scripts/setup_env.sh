@@ -137,11 +137,10 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in m.requires("torch") or 
 fi
 
 # Ray Data for the `ray-data` path (docs/engines.md; setup.py requires it too): installed here on its own, so a
-# failure names it. Its iter_torch_batches imports ray.train (pydantic: the `train` extra). TensorFlow brings the
-# tf.data service of the `tf-data-service` path.
-if ! "$VENV/bin/python" -c "import ray.data, ray.train.torch" 2>/dev/null; then
+# failure names it. TensorFlow brings the tf.data service of the `tf-data-service` path.
+if ! "$VENV/bin/python" -c "import ray.data" 2>/dev/null; then
   echo "setup: installing Ray Data"
-  "${pip[@]}" "ray[data,train]>=2.40"
+  "${pip[@]}" "ray[data]>=2.40"
 fi
 
 # The project itself (editable) with its test and DALI extras; this builds the zmq_ops op.

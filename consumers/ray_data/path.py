@@ -34,7 +34,7 @@ def validate(cfg: Any) -> None:
 def installed(cfg: Any) -> None:
     """Ray Data, checked without importing it."""
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.data") is None:
-        raise ConfigError(f"--fake-location {NAME}: Ray Data is not installed (pip install 'ray[data,train]')")
+        raise ConfigError(f"--fake-location {NAME}: Ray Data is not installed (pip install 'ray[data]')")
 
 
 def merge_ranges(ranges: list[list[int]]) -> list[list[int]]:
@@ -97,7 +97,7 @@ RAY = ResultField(
     {
         "type": "object",
         "description": "ray-data: the Ray cluster (its GCS address, whether the run started it and with how many "
-        "CPUs), how the ranks iterated (iter_torch_batches, or iter_batches where ray.train cannot be imported), "
+        "CPUs), how the ranks iterated (iter_batches, each batch pinned and copied by feeders/device_copy.py), "
         "the Ray processes' CPU cores over the timed steps (the head's servers, each worker) and whether more "
         "would help, and Ray Data's own stats() per operator; per rank, the images/s its split delivered and "
         "its iterator's time breakdown",

@@ -6,13 +6,13 @@ pipeline (consumers/ray_data/pipeline.py) and splits it with
 share, each image to one rank. The splits are sent to the other ranks over
 the process group with the cluster's address (and its own cluster's token);
 each rank connects to the cluster as a driver of its own and iterates its
-split with `iter_torch_batches(prefetch_batches=--ray-prefetch,
-pin_memory=on a GPU)`, and every batch goes to the device through
-feeders/device_copy.py like every path's. Ray 2.x's `iter_torch_batches`
-imports `ray.train`, which needs pydantic (`ray[train]`); where that import
-fails the ranks iterate with `iter_batches` and pin here, and the result
-says so (`ray.iterator`). Each image's sequence number is counted on the
-rank whose step took it, so the result shows every image came once.
+split with `iter_batches(prefetch_batches=--ray-prefetch)`, pins each batch
+on a GPU and copies it to the device through feeders/device_copy.py like
+every path's. (`iter_torch_batches` would pin and copy in Ray's own way, and
+it imports `ray.train`, which needs more than `ray[data]`: one device copy
+for every path is what makes their figures comparable.) Each image's
+sequence number is counted on the rank whose step took it, so the result
+shows every image came once.
 """
 
 from __future__ import annotations
@@ -32,15 +32,6 @@ from core.images.files import DatasetError
 from core.registry import register
 from feeders.device_copy import SideCopy
 from runner import shutdown
-
-
-def torch_batches_missing() -> str | None:
-    """Why `iter_torch_batches` cannot run here (its `ray.train` import fails), or None when it can."""
-    try:
-        import ray.train.torch  # noqa: F401
-    except ImportError as e:
-        return str(e).split(". Run ")[0]
-    return None
 
 
 class Seen:
@@ -83,9 +74,6 @@ class RayData(TorchInputPath):
         self._window: tuple[dict, dict] | None = None
         shutdown.register(self._killed)
         split = self._connect()  # before anything imports ray: the cluster's settings are read at its import
-        self.missing = torch_batches_missing()
-        if ctx.rank == 0 and self.missing:
-            print(f"  {PATH.name}: iter_torch_batches cannot run ({self.missing}); iterating with iter_batches")
         self.batches = self._iterate(split)
 
     def _connect(self) -> Any:
@@ -142,10 +130,7 @@ class RayData(TorchInputPath):
         kw = {"batch_size": cfg.batch, "prefetch_batches": cfg.ray_prefetch, "drop_last": True}
         passes = 0
         while True:
-            if self.missing is None:
-                batches = split.iter_torch_batches(pin_memory=self.cuda, **kw)
-            else:
-                batches = (self._tensors(b) for b in split.iter_batches(batch_format="numpy", **kw))
+            batches = (self._tensors(b) for b in split.iter_batches(batch_format="numpy", **kw))
             empty = True
             for b in batches:
                 empty = False
@@ -155,7 +140,7 @@ class RayData(TorchInputPath):
             passes += 1
 
     def _tensors(self, b: dict) -> dict:
-        """A numpy batch as tensors, pinned on a GPU (what iter_torch_batches' pin_memory does).
+        """A numpy batch as tensors, pinned on a GPU (the side-stream copy reads pinned memory only).
 
         Ray hands out read-only views of its blocks; nothing here writes to them, so torch's warning about
         a non-writable array is silenced rather than paid for with a copy.
@@ -206,7 +191,7 @@ class RayData(TorchInputPath):
             "address": c.address if c is not None else "",
             "started_here": bool(c and c.started_here),
             "cpus": cfg.ray_cpus if c is not None and c.started_here else None,
-            "iterator": "iter_torch_batches" if self.missing is None else f"iter_batches ({self.missing})",
+            "iterator": "iter_batches",
             "prefetch_batches": cfg.ray_prefetch,
             "pin_memory": self.cuda,
             "operators": stats.operators(text),
