@@ -239,7 +239,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     from core.cli_types import positive_int
     from core.config import BenchConfig
 
-    g = p.add_argument_group("engines (--fake-location tf-data-service)")
+    g = p.add_argument_group("engines (--fake-location tf-data-service, ray-data)")
     g.add_argument(
         "--service-workers", type=positive_int, default=BenchConfig.service_workers,
         help="tf-data-service: worker processes the run starts, with a dispatcher, on 127.0.0.1",
@@ -251,6 +251,18 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--service-mode", choices=MODES, default="off",
         help="tf-data-service: each worker runs the whole source (off), or the dispatcher splits it (dynamic)",
+    )  # fmt: skip
+    g.add_argument(
+        "--ray-cpus", type=positive_int, default=BenchConfig.ray_cpus,
+        help="ray-data: CPUs of the Ray cluster the run starts on 127.0.0.1 (its workers run the pipeline)",
+    )  # fmt: skip
+    g.add_argument(
+        "--ray-address", metavar="HOST:PORT",
+        help="ray-data: an existing Ray cluster's head (GCS address; the run starts none)",
+    )  # fmt: skip
+    g.add_argument(
+        "--ray-prefetch", type=positive_int, default=BenchConfig.ray_prefetch,
+        help="ray-data: batches each rank's iterator fetches ahead (iter_batches' prefetch_batches)",
     )  # fmt: skip
 
 

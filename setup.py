@@ -91,6 +91,8 @@ setup(
         "pillow>=10",
         "simplejpeg>=1.7",
         "opencv-python-headless>=4.11",
+        # Ray Data for the `ray-data` path (docs/engines.md). TensorFlow brings the tf.data service itself.
+        "ray[data]>=2.40",
     ],
     extras_require={
         "test": [

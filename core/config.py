@@ -83,6 +83,9 @@ class BenchConfig:
     service_workers: int = 2  # --service-workers: the tf-data-service path's own workers
     dispatcher: str | None = None  # --dispatcher grpc://HOST:PORT: an existing tf.data service (starts nothing)
     service_mode: str = "off"  # --service-mode: off (each worker the whole source) or dynamic (split between them)
+    ray_cpus: int = 2  # --ray-cpus: CPUs of the ray-data path's own Ray cluster
+    ray_address: str | None = None  # --ray-address HOST:PORT: an existing Ray cluster (starts nothing)
+    ray_prefetch: int = 2  # --ray-prefetch: batches each rank's Ray Data iterator fetches ahead
     real_data: bool = False  # --real-data: every way to feed the model from --data, and the cores each needs
     # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py); None:
     # INTERLEAVE_GPU where a GPU is used, else 0 (apply_defaults)

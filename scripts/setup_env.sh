@@ -136,6 +136,13 @@ print(" ".join(r.split(";")[0].replace(" ", "") for r in m.requires("torch") or 
   if [ -n "$torch_cuda" ]; then "${pip[@]}" --force-reinstall --no-deps $torch_cuda; fi
 fi
 
+# Ray Data for the `ray-data` path (docs/engines.md; setup.py requires it too): installed here on its own, so a
+# failure names it. TensorFlow brings the tf.data service of the `tf-data-service` path.
+if ! "$VENV/bin/python" -c "import ray.data" 2>/dev/null; then
+  echo "setup: installing Ray Data"
+  "${pip[@]}" "ray[data]>=2.40"
+fi
+
 # The project itself (editable) with its test and DALI extras; this builds the zmq_ops op.
 echo "setup: installing feedbench itself with its test tools and DALI"
 "${pip[@]}" --no-build-isolation -e ".[test,dali]"

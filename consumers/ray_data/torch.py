@@ -1,0 +1,242 @@
+"""`ray-data`: Ray Data's streaming executor makes the batches on a Ray cluster; each rank iterates its split.
+
+Rank 0 starts the run's own cluster (or joins --ray-address's), builds the
+pipeline (consumers/ray_data/pipeline.py) and splits it with
+`streaming_split(world, equal=True)`: one coordinator hands each rank its
+share, each image to one rank. The splits are sent to the other ranks over
+the process group with the cluster's address (and its own cluster's token);
+each rank connects to the cluster as a driver of its own and iterates its
+split with `iter_batches(prefetch_batches=--ray-prefetch)`, pins each batch
+on a GPU and copies it to the device through feeders/device_copy.py like
+every path's. (`iter_torch_batches` would pin and copy in Ray's own way, and
+it imports `ray.train`, which needs more than `ray[data]`: one device copy
+for every path is what makes their figures comparable.) Each image's
+sequence number is counted on the rank whose step took it, so the result
+shows every image came once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from consumers.ray_data import pipeline, stats
+from consumers.ray_data.cluster import RayCluster
+from consumers.ray_data.path import PATH, merge_ranges
+from consumers.torch_half import RankContext, TorchInputPath, labels_of
+from core.errors import InputError
+from core.images.files import DatasetError
+from core.registry import register
+from feeders.device_copy import SideCopy
+from runner import shutdown
+
+
+class Seen:
+    """The sequence numbers a rank's steps took, as [start, end) ranges (a split hands out runs of them, in
+    order within a block): a batch that goes on from the last range extends it, anything else starts one."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.ranges: list[list[int]] = []
+
+    def add(self, seq: torch.Tensor) -> None:
+        for v in seq.tolist():
+            self.received += 1
+            if self.ranges and self.ranges[-1][1] == v:
+                self.ranges[-1][1] = v + 1
+            else:
+                self.ranges.append([v, v + 1])
+
+    def figures(self) -> dict:
+        """Received, distinct (from the ranges joined), and the joined ranges for the merge over the ranks."""
+        ranges = merge_ranges(self.ranges)
+        return {"received": self.received, "distinct": sum(b - a for a, b in ranges), "ranges": ranges}
+
+
+@register
+class RayData(TorchInputPath):
+    declaration = PATH
+
+    cluster: RayCluster | None = None
+    batches: Iterator | None = None
+
+    def open(self, ctx: RankContext) -> None:
+        super().open(ctx)
+        cfg = self.cfg
+        self.cuda = ctx.device.type == "cuda"
+        self.copier = SideCopy(ctx.device)
+        self.seen = Seen()
+        self.taken = 0
+        self.batch_bytes = cfg.batch * (cfg.image_size * cfg.image_size * 3 + 4 + 8)  # images, labels, seqs
+        self._window: tuple[dict, dict] | None = None
+        shutdown.register(self._killed)
+        split = self._connect()  # before anything imports ray: the cluster's settings are read at its import
+        self.batches = self._iterate(split)
+
+    def _connect(self) -> Any:
+        """This rank's split: rank 0 makes the cluster and the splits, and sends the others theirs."""
+        import torch.distributed as dist
+
+        ctx = self.ctx
+        sent: list[Any] = [None]
+        if ctx.rank == 0:
+            try:
+                sent = [self._start_and_split()]
+            except Exception as e:  # Ray's errors run to many lines (its log tails): the run says the first
+                sent = [{"error": (str(e).strip().splitlines() or [type(e).__name__])[0]}]
+        if dist.is_initialized() and ctx.world > 1:
+            dist.broadcast_object_list(sent, src=0)
+        got = sent[0]
+        if "error" in got:
+            raise InputError(got["error"] if ctx.rank == 0 else f"rank 0 could not start Ray Data: {got['error']}")
+        if ctx.rank != 0:
+            self.cluster = RayCluster.join(got["address"], got["token"], got["started_here"])
+        self.rows = got["rows"]
+        import ray.cloudpickle as pickle
+
+        return pickle.loads(got["splits"][ctx.rank])
+
+    def _start_and_split(self) -> dict:
+        """Rank 0: the cluster started (or joined), the dataset built and split across the ranks."""
+        cfg, ctx = self.cfg, self.ctx
+        if cfg.ray_address:
+            self.cluster = RayCluster.join(cfg.ray_address, None)
+        else:
+            self.cluster = RayCluster.local()
+            self.cluster.up(cfg.ray_cpus)
+        import ray.cloudpickle as pickle  # after the cluster: its settings are read when ray is imported
+
+        batches = cfg.warmup_steps + cfg.steps * cfg.repeats
+        self.rows = pipeline.rows_needed(batches, cfg.batch, ctx.world, cfg.ray_prefetch)
+        data = cfg.data if cfg.producer_kind == "decode" else None
+        try:
+            ds = pipeline.dataset(self.rows, cfg.batch, cfg.image_size, data)
+        except DatasetError as e:
+            raise InputError(f"{PATH.name}: {e}") from None
+        self.splits = ds.streaming_split(ctx.world, equal=True)  # kept: rank 0 owns the split's coordinator
+        c = self.cluster
+        return {
+            "address": c.address, "token": c.token, "started_here": c.started_here, "rows": self.rows,
+            "splits": [pickle.dumps(s) for s in self.splits],
+        }  # fmt: skip
+
+    def _iterate(self, split: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(images, labels, seqs) on the host, pinned on a GPU; a new pass over the split when one ends."""
+        cfg = self.cfg
+        self.split = split
+        kw = {"batch_size": cfg.batch, "prefetch_batches": cfg.ray_prefetch, "drop_last": True}
+        passes = 0
+        while True:
+            batches = (self._tensors(b) for b in split.iter_batches(batch_format="numpy", **kw))
+            empty = True
+            for b in batches:
+                empty = False
+                yield b["image"], b["label"], b["seq"] + passes * self.rows
+            if empty:
+                raise InputError(f"{PATH.name}: the split gave rank {self.ctx.rank} no batch")
+            passes += 1
+
+    def _tensors(self, b: dict) -> dict:
+        """A numpy batch as tensors, pinned on a GPU (the side-stream copy reads pinned memory only).
+
+        Ray hands out read-only views of its blocks; nothing here writes to them, so torch's warning about
+        a non-writable array is silenced rather than paid for with a copy.
+        """
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            out = {k: torch.from_numpy(v) for k, v in b.items()}
+        return {k: v.pin_memory() for k, v in out.items()} if self.cuda else out
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels, seq = next(self.batches)
+        self.seen.add(seq)
+        self.taken += 1
+        pending = self.copier.start([images, labels])
+        images, labels = self.copier.hand_over(pending)
+        return images, labels_of(labels)
+
+    # --- the stage contract: raw state -------------------------------------------------------------------------
+    def counters(self) -> dict:
+        import time
+
+        return {
+            "time": time.perf_counter(),
+            "messages": self.taken,
+            "bytes": self.taken * self.batch_bytes,
+            "latency_s": None,
+            "wait_s": None,
+            "source": "Ray Data iterator (batches the steps took; payload bytes)",
+            "ray_cpu": self.cluster.server_cpu() if self.cluster is not None and self.cluster.started_here else {},
+        }
+
+    def producer_figures(self, window: tuple[dict, dict] | None) -> dict | None:
+        """No producers: the window is kept for the Ray processes' CPU over it (`result_fields`)."""
+        self._window = window
+        return None
+
+    def result_fields(self) -> dict:
+        return {"images": self.seen.figures(), "ray": self._ray()}
+
+    def _ray(self) -> dict:
+        """The cluster, how this rank iterated, the Ray processes' use over the window, and Ray Data's stats."""
+        from consumers.ray_data.cluster import process_use
+
+        cfg = self.cfg
+        c = self.cluster
+        text = self._stats()
+        out = {
+            "address": c.address if c is not None else "",
+            "started_here": bool(c and c.started_here),
+            "cpus": cfg.ray_cpus if c is not None and c.started_here else None,
+            "iterator": "iter_batches",
+            "prefetch_batches": cfg.ray_prefetch,
+            "pin_memory": self.cuda,
+            "operators": stats.operators(text),
+            "iterator_stats": stats.iterator(text),
+            "images_per_sec": None,
+        }
+        if self._window is not None:
+            w0, w1 = self._window
+            dt = w1["time"] - w0["time"]
+            out["images_per_sec"] = (w1["messages"] - w0["messages"]) * cfg.batch / dt if dt > 0 else None
+            if w0["ray_cpu"]:
+                out.update(process_use(w0["ray_cpu"], w1["ray_cpu"], dt))
+        return out
+
+    def _stats(self) -> str:
+        try:
+            return self.split.stats()
+        except Exception as e:  # the figures go on without Ray's words
+            return f"stats() failed: {e}"
+
+    def describe(self) -> dict:
+        """Who makes the batches: the Ray cluster's workers, for the verdict's advice when they limit."""
+        out = super().describe()
+        where = f"the run's own, {self.cfg.ray_cpus} CPUs" if not self.cfg.ray_address else self.cfg.ray_address
+        out["batch_maker"] = {"kind": "external", "name": f"Ray Data on a Ray cluster ({where})"}
+        return out
+
+    def close(self) -> None:
+        """Leave the cluster once every rank is done with it; rank 0 then stops its own."""
+        import torch.distributed as dist
+
+        self.batches = None
+        self.split = None
+        if dist.is_initialized() and self.ctx.world > 1 and not shutdown.stopping():
+            try:
+                dist.barrier()  # a rank still reading its split's stats needs rank 0's coordinator
+            except Exception:  # another rank failed: stop anyway
+                pass
+        self.splits = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+        shutdown.unregister(self._killed)
+
+    def _killed(self) -> None:
+        """On SIGINT or SIGTERM: kill the cluster's processes and remove its folder, without asking Ray."""
+        if self.cluster is not None:
+            self.cluster.kill()

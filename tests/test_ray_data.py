@@ -1,0 +1,214 @@
+"""ray-data: a real Ray cluster (gcs_server, raylet, workers on 127.0.0.1 ports), every image delivered once.
+
+Each run starts its own cluster (the path's default): ResNet-50 on two torchrun ranks (gloo, synthetic
+images), the stand-in decoding a JPEG folder through the command line, and one run interrupted with SIGINT
+while its cluster is up. Ray is kept small
+(one CPU, 32x32 images) so the module stays within a minute or two on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import descendants
+from listening import only_loopback
+from schema import check_report
+
+pytest.importorskip("ray.data")
+pytestmark = pytest.mark.timeout(400)
+PATH = "ray-data"
+SMALL = ["--batch", "2", "--image-size", "32", "--warmup-steps", "1", "--steps", "2", "--repeats", "1"]
+NEEDED = 1 + 2 * 1  # warm-up + steps x repeats, per rank
+ENGINE = ("gcs_server", "raylet")  # the head's servers; its workers are named ray::<task>
+
+
+def is_engine(p: psutil.Process) -> bool:
+    """A Ray process: the GCS, the raylet, an agent or a worker (their command lines name ray)."""
+    try:
+        name, cmd = p.name(), " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+    return name in ENGINE or name.startswith("ray::") or "site-packages/ray/" in cmd
+
+
+@pytest.fixture
+def short_tmp():
+    """A TMPDIR short enough for Ray's sockets (AF_UNIX paths: 107 bytes), empty, removed after."""
+    folder = tempfile.mkdtemp(prefix="fbr", dir="/tmp")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def left_in(tmp: str) -> list[str]:
+    """What a run left in its TMPDIR, but torch's compile cache (torchinductor_<user>, kept on purpose)."""
+    return [f for f in os.listdir(tmp) if not f.startswith("torchinductor_")]
+
+
+def _delivered_once(r: dict, ranks: int) -> None:
+    """Every image the steps took came once, over the ranks, from the pipeline's sequence numbers."""
+    images = r["images"]
+    assert images["duplicated"] == 0 and images["distinct"] == images["received"] == ranks * NEEDED * 2
+    assert [x["received"] for x in images["ranks"]] == [NEEDED * 2] * ranks
+
+
+def test_resnet50_trains_on_two_ranks_and_every_image_comes_once(tmp_path):
+    from consumers.expect import receive_cap
+    from core.config import BenchConfig, apply_defaults
+    from harness.torch.launch import Nodes, launch
+
+    cfg = BenchConfig(
+        paths=[PATH], num_gpus=2, batch=2, image_size=32, warmup_steps=1, steps=2, repeats=1, ray_cpus=1,
+        recv_timeout=60,
+    )  # fmt: skip
+    apply_defaults(cfg, 0)
+    cfg.max_msg_size = receive_cap(cfg.batch, cfg.image_size)
+    rc, doc, errors = launch(2, Nodes(), cfg.to_dict(), str(tmp_path))
+    assert rc == 0 and not errors, errors
+    r = doc["paths"][PATH]
+    assert [p["rank"] for p in r["ranks"]] == [0, 1] and r["batches_trained"] == 2 * NEEDED
+    assert r["loss_finite"] and r["final_loss"] > 0
+    _delivered_once(r, 2)
+    ray = r["ray"]
+    assert ray["started_here"] and ray["cpus"] == 1 and ray["address"].startswith("127.0.0.1:")
+    names = [op["name"] for op in ray["operators"]]
+    assert any(n.startswith("ReadRange") for n in names) and any("MapBatches" in n for n in names), names
+    assert ray["workers"] and all(w["cpu_cores"] is None or w["cpu_cores"] >= 0 for w in ray["workers"])
+    assert [x["rank"] for x in ray["ranks"]] == [0, 1] and all(x["images_per_sec"] > 0 for x in ray["ranks"])
+
+
+def test_the_stand_in_decodes_a_folder_from_the_command_line_and_matches_the_schema(procs, short_tmp, tmp_path):
+    from producers.dataset import make_dataset
+
+    make_dataset(tmp_path / "data", classes=2, per_class=4, seed=1)
+    out = tmp_path / "r.json"
+    run = procs.start(
+        "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
+        "--ray-cpus", "1", "--producer-kind", "decode", "--data", str(tmp_path / "data"), *SMALL,
+        "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
+    )  # fmt: skip
+    stdout, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    doc = json.loads(out.read_text())
+    check_report(doc)
+    r = doc["paths"][PATH]
+    _delivered_once(r, 1)
+    assert r["ratio_to_baseline"] > 0 and 0 <= r["telemetry"]["input_wait_share"] <= 1
+    assert any("decoded_rows" in op["name"] for op in r["ray"]["operators"])
+    assert not left_in(short_tmp)  # the cluster's temp folder is gone with it
+
+
+def _wait_for_cluster(run, deadline: float) -> list[psutil.Process]:
+    """The run's Ray processes once its raylet has a worker running the pipeline."""
+    while True:
+        engine = [p for p in descendants(run.pid) if is_engine(p)]
+        if any(p.name() == "raylet" for p in engine) and any(p.name().startswith("ray::") for p in engine):
+            return engine
+        assert run.poll() is None, run.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no Ray cluster came up"
+        time.sleep(0.2)
+
+
+def _listening(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out += [c.laddr.ip for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_sigint_leaves_no_ray_process_and_no_temp_folder_and_ray_listens_on_loopback_only(procs, short_tmp):
+    token = Path.home() / ".ray" / "auth_token"
+    had_token = token.exists()
+    run = procs.start(
+        "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
+        "--ray-cpus", "1", "--batch", "2", "--image-size", "32", "--steps", "20000", "--repeats", "1",
+        env={**os.environ, "TMPDIR": short_tmp},
+    )  # fmt: skip
+    engine = _wait_for_cluster(run, time.monotonic() + 240)
+    assert any(p.name() == "gcs_server" for p in engine)
+    addresses = _listening(engine)
+    assert addresses and only_loopback(addresses), addresses
+    run.send_signal(signal.SIGINT)
+    assert run.wait(60) == 130
+    gone, alive = psutil.wait_procs(engine, timeout=15)
+    assert not alive, [p.name() for p in alive]
+    assert not [p for p in psutil.process_iter() if is_engine(p) and short_tmp in " ".join(_cmd(p))]
+    assert not left_in(short_tmp)  # no Ray session folder, no run folder
+    assert token.exists() == had_token  # the run's token never went to ~/.ray
+
+
+def _cmd(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize(
+    "kw, line",
+    [
+        ({"producer_kind": "read"}, "--fake-location ray-data with --producer-kind read: its pipeline does synthetic "
+         "or decode work (--producer-kind synthetic|decode)"),
+        ({"producer_kind": "decode"}, "--fake-location ray-data needs --data DIR, a JPEG folder (make one: python -m "
+         "producers make-dataset DIR)"),
+        ({"ray_address": "nohost"}, "--ray-address nohost: expected HOST:PORT (a Ray head's GCS address)"),
+    ],
+)  # fmt: skip
+def test_flags_it_cannot_work_with_are_refused_in_one_line(kw, line):
+    from consumers import declared
+    from core.config import BenchConfig
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        declared.of("torch")[PATH].check(BenchConfig(**kw), "torch")
+    assert str(e.value) == line
+
+
+def test_an_unreachable_ray_address_is_one_line_naming_it():
+    from consumers import declared
+    from core.config import BenchConfig
+    from core.errors import ConfigError
+    from wire.endpoints import free_tcp_port
+
+    port = free_tcp_port()
+    with pytest.raises(ConfigError) as e:
+        declared.of("torch")[PATH].check(BenchConfig(ray_address=f"127.0.0.1:{port}", recv_timeout=5), "torch")
+    assert (
+        str(e.value) == f"--ray-address 127.0.0.1:{port}: no Ray head reachable there (connection refused within 5 s)"
+    )
+
+
+def test_an_image_two_ranks_both_took_counts_as_duplicated():
+    """The merge over the ranks joins each rank's ranges: an image on two ranks is one distinct, one twice."""
+    from consumers.ray_data.path import IMAGES
+
+    ranks = [
+        (0, {"received": 4, "distinct": 4, "ranges": [[0, 4]]}),
+        (1, {"received": 4, "distinct": 4, "ranges": [[3, 7]]}),
+    ]
+    merged = IMAGES.merge("images", ranks)["images"]
+    assert (merged["received"], merged["distinct"], merged["duplicated"]) == (8, 7, 1)
+
+
+def test_a_temp_folder_too_long_for_rays_sockets_is_one_line_naming_it_and_is_removed(tmp_path, monkeypatch):
+    from consumers.ray_data.cluster import RayCluster
+    from core.errors import InputError
+
+    deep = tmp_path / ("t" * 80)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(InputError) as e:
+        RayCluster.local()
+    line = str(e.value)
+    assert line.startswith(f"ray-data: the temp folder {deep}/feedbench-ray-") and "set TMPDIR" in line, line
+    assert "\n" not in line and not os.listdir(deep)
