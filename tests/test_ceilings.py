@@ -26,3 +26,16 @@ def test_a_producer_limited_input_only_figure_is_a_floor_not_a_ceiling(keep_verd
     for path in ("gpu", "cpu", "python-dataset"):  # the baseline, and two paths their consumer limits
         assert "≥" not in rows[path] and "producers limit" not in rows[path]
     assert rows["python-dataset"].split()[1] == "17,754"
+
+
+def test_a_window_far_above_the_producers_own_count_is_no_floor():
+    """The second H200 run's zmq-consume ceiling (docs/gpu-runs/2026-11-28-h200/ceiling.json): 25-step windows
+    over shm:// with 14 producers read 282,818 images/s, the producers' own count 37,518; the table printed
+    "≥ 282,818 (producers limit)". Windows that only drained batches queued before them give no floor."""
+    from profiler.report import add_ratios, table
+
+    results = json.loads((ROOT / "docs/gpu-runs/2026-11-28-h200/ceiling.json").read_text())["paths"]
+    add_ratios(results)
+    rows = {ln.split()[0]: ln for ln in table(results, 1, True).splitlines()[2:4]}
+    assert "not a rate: the windows drained a backlog (producers: 37,518); lengthen --steps" in rows["zmq-consume"]
+    assert "≥" not in rows["zmq-consume"] and "282,818" not in rows["zmq-consume"]
