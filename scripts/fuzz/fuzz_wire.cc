@@ -1,10 +1,12 @@
 // Fuzzes the receive side under ASan and UBSan (scripts/fuzz_native.py). Each input is a mutated seed
-// message (a file of frames, each a little-endian uint32 length and its bytes). Two targets, half the time
-// each:
+// message (a file of frames, each a little-endian uint32 length and its bytes). Three targets, a third of
+// the time each:
 //   wire:     the decoders straight: wire::DecodeMessage (told of more frames than it is given, now and
 //             then), the shm slot-message decoder, and the sequence accounting with hostile numbers;
 //   receiver: the TF-free receiver end to end (receiver.cc over zmq_core.cc), copying and zero-copy, fed
-//             over a real ipc socket by a PUSH peer that floods, and disconnects and reconnects.
+//             over a real ipc socket by a PUSH peer that floods, and disconnects and reconnects;
+//   shm:      the shm:// consumer (shm.cc's SlotReader): real regions handed over on its abstract socket by
+//             honest and hostile peers, and slot messages resolved into them (fuzz_shm.h).
 // Usage: fuzz_wire SECONDS SEED DIR FILE...; prints the inputs tried per target.
 #include <unistd.h>
 #include <zmq.h>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_shm.h"
 #include "mutate.h"
 #include "shm.h"
 #include "wire_decode.h"
@@ -168,16 +171,20 @@ int main(int argc, char** argv) {
   std::vector<unsigned char> buf(kCap);
   feedbench::core::SeqTracker seqs;
   long decoded = 0;
-  const double end = fz_now() + seconds / 2;
+  const double end = fz_now() + seconds / 3;
   while (fz_now() < end) {
     DecodeOne(Split(buf.data(), fz_mutate(seeds.data(), seeds.size(), buf.data(), kCap)), &seqs);
     ++decoded;
   }
+  long resolved = 0, handovers = 0;
+  const long slots = shmfz::Run(seeds.data(), seeds.size(), buf.data(), seconds / 3, &resolved, &handovers);
   long accepted = 0;
-  const long received = Receive(seeds.data(), seeds.size(), buf.data(), seconds / 2, dir, &accepted);
+  const long received = Receive(seeds.data(), seeds.size(), buf.data(), seconds / 3, dir, &accepted);
   for (auto& s : seeds) free(s.data);
   if (received < 0) return 1;
   printf("{\"target\": \"wire\", \"inputs\": %ld}\n{\"target\": \"receiver\", \"inputs\": %ld, \"accepted\": %ld}\n",
          decoded, received, accepted);
+  printf("{\"target\": \"shm\", \"inputs\": %ld, \"resolved\": %ld, \"handovers\": %ld}\n", slots, resolved,
+         handovers);
   return 0;
 }
