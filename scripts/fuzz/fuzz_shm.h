@@ -26,6 +26,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -49,9 +50,11 @@ using feedbench::wire::WireError;
   abort();
 }
 
-std::map<const char*, uint64_t> g_maps;  // the reader's live mappings, as its map hook reports them
+std::map<const char*, uint64_t> g_maps;  // the readers' live mappings, as their map hook reports them
+std::mutex g_maps_mu;
 
 void Hook(void* base, uint64_t size, int mapped) {
+  std::lock_guard<std::mutex> lock(g_maps_mu);
   if (mapped) {
     g_maps[static_cast<const char*>(base)] = size;
   } else {
@@ -362,6 +365,7 @@ class Fuzzer {
 
   // Each tensor lies inside its slot of a mapping the reader holds, and reads the producer's very bytes.
   void Check(Region* r, uint32_t slot, const std::vector<TensorView>& tensors) {
+    std::lock_guard<std::mutex> lock(g_maps_mu);
     for (const TensorView& t : tensors) {
       auto it = g_maps.upper_bound(t.data - (t.nbytes == 0 ? 1 : 0));  // an empty one may sit at a mapping's end
       if (it == g_maps.begin()) Breach("a tensor outside every mapping");
