@@ -7,7 +7,13 @@ their seeds (JPEGs of every kind the ROI decoder meets; native, zmq_ops and shm 
 - roi: the ROI JPEG decoder (roi_decode.c), header, crop decode at every scale and flag, halving;
 - wire: the wire decoders (wire_decode.cc, the shm slot-message decoder) and the sequence accounting;
 - receiver: the TF-free receiver end to end (receiver.cc, zmq_core.cc) over a real ipc socket, copying
-  and zero-copy, with floods of bad messages and a peer that disconnects and comes back.
+  and zero-copy, with floods of bad messages and a peer that disconnects and comes back;
+- shm: the shm:// consumer (shm.cc): real sealed memfd regions, good and flawed, handed over on its
+  abstract socket by honest and hostile peers (no descriptor, two, a pipe's, another process's label, a
+  peer that closes or never sends, forked producers that exit), then valid and fuzzed slot messages
+  resolved into them, each checked to resolve inside its slot to the producer's bytes or be refused;
+- shm_receiver: the receiver over a shm:// endpoint end to end (a region handed over, slot messages over
+  ZMQ, valid or mutated), each batch it delivers checked to be the region's bytes.
 
 `make fuzz-asan` runs it (FUZZ_SECONDS per target); prints one line per target with the inputs tried and
 fails on any sanitizer report or crash. Needs the C and C++ compilers, libjpeg-turbo and libzmq headers.
@@ -55,7 +61,7 @@ def build(name: str) -> Path:
     """The sanitized fuzzer `name`, compiled if any of its sources is newer than it."""
     head, sources, libs = TARGETS[name]
     exe = OUT / name
-    inputs = [*sources, HERE / "mutate.h", *ZMQ_SRC.glob("*.h"), ROOT / "core" / "native_flags.py"]
+    inputs = [*sources, *HERE.glob("*.h"), *ZMQ_SRC.glob("*.h"), ROOT / "core" / "native_flags.py"]
     if exe.exists() and exe.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
         return exe
     OUT.mkdir(parents=True, exist_ok=True)
@@ -132,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fb-fuzz-", dir="/tmp") as tmp:
         folder = Path(tmp)
         jpegs, messages = jpeg_seeds(folder), wire_seeds(folder)
-        limit = 4 * args.seconds + 120  # a fuzzer that hangs fails too
+        limit = 6 * args.seconds + 120  # a fuzzer that hangs fails too
         figures = run(roi, [str(args.seconds), str(args.seed), *map(str, jpegs)], limit)
-        figures += run(wire_fuzzer, [str(2 * args.seconds), str(args.seed), tmp, *map(str, messages)], limit)
+        figures += run(wire_fuzzer, [str(4 * args.seconds), str(args.seed), tmp, *map(str, messages)], limit)
     if args.json:
         print(json.dumps(figures))
     else:

@@ -1,5 +1,6 @@
 """A short run of `make fuzz-asan`: the native fuzzers, built with ASan and UBSan, try inputs on every
-target and find nothing (the full budget is `make fuzz-asan`, 60 s per target)."""
+target (the shm:// consumer's hand-over and Resolve among them) and find nothing (the full budget is
+`make fuzz-asan`, 60 s per target)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def test_sanitized_fuzzers_run_clean_on_every_target() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-6000:]
     figures = {f["target"]: f for f in json.loads(proc.stdout.strip().splitlines()[-1])}
-    assert set(figures) == {"roi", "wire", "receiver"}
+    assert set(figures) == {"roi", "wire", "receiver", "shm", "shm_receiver"}
     assert all(f["inputs"] > 0 for f in figures.values()), figures
     assert figures["roi"]["decoded"] > 0 and figures["receiver"]["accepted"] > 0, figures  # past the headers
+    assert figures["shm"]["handovers"] > 0 and figures["shm"]["resolved"] > 0, figures  # regions mapped and read
+    assert figures["shm_receiver"]["accepted"] > 0, figures

@@ -374,6 +374,26 @@ def test_malformed_slot_messages_are_rejected_by_field_in_the_receiver(ep) -> No
 
 
 @pytest.mark.timeout(120)
+def test_slot_messages_declaring_exabytes_leave_the_byte_total_a_count(ep) -> None:
+    """A slot message's bytes are counted as its header declares them, before its slot is read: three
+    refused ones declaring 2^62 bytes each saturate the receiver's total instead of overflowing it."""
+    huge = np.broadcast_to(np.zeros(1, np.uint8), (2**62,))  # a shape, no memory
+    with Receiver(ep, SPECS, ring(2), timeout_ms=TIMEOUT_MS) as r, Sender(ep) as s:
+        for _ in range(3):
+            s.send(shm.encode([huge, s.arrays[1]], 0, 0, s.region.name, 0, [0, 128]))
+        s.send(s.frames(1))
+        while True:  # the refusals come as one error or more (counted together as they arrive)
+            try:
+                r.release(r.next())
+                break
+            except BatchError as e:
+                assert "tensor[0].offset: 0 + 4611686018427387904 bytes overrun" in str(e), e
+        assert r.bad_messages() == 3
+        _, messages, nbytes = r.stats()
+        assert messages == 4 and nbytes == 2**63 - 1, (messages, nbytes)  # saturated, not wrapped
+
+
+@pytest.mark.timeout(120)
 def test_malformed_slot_messages_are_rejected_by_field_in_python(ep) -> None:
     with PullConsumer(ep, recv_timeout=30) as c, Sender(ep) as s:
         s.send(s.frames(0))

@@ -1,10 +1,14 @@
 // Fuzzes the receive side under ASan and UBSan (scripts/fuzz_native.py). Each input is a mutated seed
-// message (a file of frames, each a little-endian uint32 length and its bytes). Two targets, half the time
-// each:
+// message (a file of frames, each a little-endian uint32 length and its bytes). Four targets, a quarter
+// of the time each:
 //   wire:     the decoders straight: wire::DecodeMessage (told of more frames than it is given, now and
 //             then), the shm slot-message decoder, and the sequence accounting with hostile numbers;
 //   receiver: the TF-free receiver end to end (receiver.cc over zmq_core.cc), copying and zero-copy, fed
-//             over a real ipc socket by a PUSH peer that floods, and disconnects and reconnects.
+//             over a real ipc socket by a PUSH peer that floods, and disconnects and reconnects;
+//   shm:      the shm:// consumer (shm.cc's SlotReader): real regions handed over on its abstract socket by
+//             honest and hostile peers, and slot messages resolved into them (fuzz_shm.h);
+//   shm_receiver: the receiver over a shm:// endpoint end to end: a region handed over, slot messages
+//             over ZMQ, valid or mutated, each batch checked to be the region's bytes.
 // Usage: fuzz_wire SECONDS SEED DIR FILE...; prints the inputs tried per target.
 #include <unistd.h>
 #include <zmq.h>
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_shm.h"
 #include "mutate.h"
 #include "shm.h"
 #include "wire_decode.h"
@@ -155,6 +160,116 @@ long Receive(const fz_buf* seeds, size_t n_seeds, unsigned char* buf, double sec
   return inputs;
 }
 
+// Takes what the receiver has ready over a shm:// endpoint: each batch must be bytes of the region's
+// slots (zero-copy: the very bytes, inside a mapping of it); the batches it accepted.
+long DrainShm(void* r, int zero_copy, const shmfz::Region& region, const std::vector<void*>& ptrs) {
+  char err[1024];
+  long good = 0;
+  const char* data = region.map + region.data_offset;
+  const size_t room = region.size - region.data_offset;
+  for (int64_t wait_ms = 2;; wait_ms = 0) {
+    const int slot = fb_receiver_next(r, wait_ms, err, sizeof(err));
+    if (slot == -1 || slot == -3) return good;
+    if (slot < 0) continue;
+    void* got[2] = {ptrs[2 * slot], ptrs[2 * slot + 1]};
+    if (zero_copy && fb_receiver_data(r, slot, got, 2, err, sizeof(err)) != 0) shmfz::Breach(err);
+    const size_t sizes[2] = {96, 8};
+    for (int i = 0; i < 2; ++i) {
+      const char* p = static_cast<const char*>(got[i]);
+      if (zero_copy) {
+        std::lock_guard<std::mutex> lock(shmfz::g_maps_mu);  // the receive thread maps
+        auto it = shmfz::g_maps.upper_bound(p);
+        if (it == shmfz::g_maps.begin() || p + sizes[i] > (--it)->first + it->second) {
+          shmfz::Breach("a zero-copy batch outside every mapping");
+        }
+        if (memcmp(p, region.map + (p - it->first), sizes[i]) != 0) shmfz::Breach("a zero-copy batch differs");
+      } else if (memmem(data, room, p, sizes[i]) == nullptr) {
+        shmfz::Breach("a batch that is no slot's bytes");
+      }
+    }
+    fb_receiver_release(r, slot, err, sizeof(err));
+    ++good;
+  }
+}
+
+// The receiver over a shm:// endpoint end to end: a region handed over on its abstract socket, slot
+// messages (uint8 [2,4,4,3], int32 [2]) over ZMQ, valid or changed in a field or as bytes.
+long ReceiveShm(unsigned char* buf, double seconds, long* accepted) {
+  const int dtypes[2] = {4, 3}, ndims[2] = {4, 1};
+  const int64_t dims[5] = {2, 4, 4, 3, 2};
+  std::vector<std::vector<char>> store(8, std::vector<char>(96));
+  std::vector<void*> ptrs;
+  for (auto& s : store) ptrs.push_back(s.data());
+  long inputs = 0;
+  const double end = fz_now() + seconds;
+  for (int round = 0; fz_now() < end; ++round) {
+    const int zero_copy = round % 2;
+    const std::string name = "fzr-" + std::to_string(getpid()) + "-" + std::to_string(round);
+    char err[1024];
+    void* r = fb_receiver_open(("shm://" + name).c_str(), 2, dtypes, ndims, dims, 4, ptrs.data(), 100, 200, 1 << 20,
+                               1, nullptr, 1, zero_copy, reinterpret_cast<void*>(shmfz::Hook), err, sizeof(err));
+    if (r == nullptr) shmfz::Breach(err);
+    shmfz::Region region;
+    const int fd = shmfz::MakeRegion(&region, "/fb-fuzz", 4, 4096, 0);
+    region.name = "/fb-" + std::to_string(getpid()) + "-" + shmfz::Hex32();
+    const int s = shmfz::Connect("feedbench-" + std::to_string(getuid()) + "/" + name + ".fd");
+    if (s < 0) shmfz::Breach("no hand-over socket");
+    shmfz::Send(s, "FBHO" + region.name, {fd});
+    close(s);
+    close(fd);
+    Peer peer;
+    peer.ep = "ipc://@feedbench-" + std::to_string(getuid()) + "/" + name + ".sock";
+    peer.Connect();
+    const double round_end = fz_now() + 1.0;
+    while (fz_now() < round_end && fz_now() < end) {
+      const uint32_t slot = static_cast<uint32_t>(fz_below(4));
+      const bool free = __atomic_load_n(region.State(slot), __ATOMIC_ACQUIRE) == 0u;
+      std::string head(32, '\0'), desc = "FBSL";
+      const uint16_t version = 1, count = 2, name_len = static_cast<uint16_t>(region.name.size());
+      memcpy(&head[0], "FBWS", 4);
+      memcpy(&head[4], &version, 2);
+      memcpy(&head[6], &count, 2);
+      const int32_t t0[2] = {4, 4}, t1[2] = {3, 1};
+      head.append(reinterpret_cast<const char*>(t0), 8).append(reinterpret_cast<const char*>(dims), 32);
+      head.append(reinterpret_cast<const char*>(t1), 8).append(reinterpret_cast<const char*>(dims + 4), 8);
+      const uint64_t offsets[2] = {64 * fz_below(3), 128 + 64 * fz_below(60)};
+      desc.append(reinterpret_cast<const char*>(&slot), 4).append(reinterpret_cast<const char*>(&name_len), 2);
+      desc.append(region.name).append(reinterpret_cast<const char*>(offsets), 16);
+      std::string packed;
+      for (const std::string* f : {&head, &desc}) {
+        const uint32_t len = static_cast<uint32_t>(f->size());
+        packed.append(reinterpret_cast<const char*>(&len), 4) += *f;
+      }
+      const fz_buf one{reinterpret_cast<unsigned char*>(&packed[0]), packed.size()};
+      size_t n = packed.size();
+      if (fz_below(2)) {
+        memcpy(buf, packed.data(), n);  // as the producer sent it
+      } else {
+        n = fz_mutate(&one, 1, buf, kCap);
+      }
+      const std::vector<std::string> parts = Split(buf, n);
+      std::vector<feedbench::wire::Frame> frames;
+      for (const auto& f : parts) frames.push_back({f.data(), f.size()});
+      feedbench::wire::NativeHeader header;
+      std::vector<feedbench::wire::TensorView> tensors;
+      feedbench::shm::SlotRef ref;
+      feedbench::wire::WireError werr;
+      if (feedbench::shm::IsSlotMessage(frames) &&
+          feedbench::shm::DecodeSlotMessage(frames, frames.size(), &header, &tensors, &ref, &werr) &&
+          ref.region != region.name) {
+        continue;  // a region never handed over: the receiver would wait for it 2 s
+      }
+      if (free) __atomic_store_n(region.State(slot), 1u, __ATOMIC_RELEASE);
+      peer.Send(parts);
+      ++inputs;
+      *accepted += DrainShm(r, zero_copy, region, ptrs);
+    }
+    for (int k = 0; k < 20; ++k) *accepted += DrainShm(r, zero_copy, region, ptrs);
+    fb_receiver_close(r);
+  }
+  return inputs;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,16 +283,23 @@ int main(int argc, char** argv) {
   std::vector<unsigned char> buf(kCap);
   feedbench::core::SeqTracker seqs;
   long decoded = 0;
-  const double end = fz_now() + seconds / 2;
+  const double end = fz_now() + seconds / 4;
   while (fz_now() < end) {
     DecodeOne(Split(buf.data(), fz_mutate(seeds.data(), seeds.size(), buf.data(), kCap)), &seqs);
     ++decoded;
   }
+  long resolved = 0, handovers = 0;
+  const long slots = shmfz::Run(seeds.data(), seeds.size(), buf.data(), seconds / 4, &resolved, &handovers);
+  long shm_accepted = 0;
+  const long shm_sent = ReceiveShm(buf.data(), seconds / 4, &shm_accepted);
   long accepted = 0;
-  const long received = Receive(seeds.data(), seeds.size(), buf.data(), seconds / 2, dir, &accepted);
+  const long received = Receive(seeds.data(), seeds.size(), buf.data(), seconds / 4, dir, &accepted);
   for (auto& s : seeds) free(s.data);
   if (received < 0) return 1;
   printf("{\"target\": \"wire\", \"inputs\": %ld}\n{\"target\": \"receiver\", \"inputs\": %ld, \"accepted\": %ld}\n",
          decoded, received, accepted);
+  printf("{\"target\": \"shm\", \"inputs\": %ld, \"resolved\": %ld, \"handovers\": %ld}\n", slots, resolved,
+         handovers);
+  printf("{\"target\": \"shm_receiver\", \"inputs\": %ld, \"accepted\": %ld}\n", shm_sent, shm_accepted);
   return 0;
 }

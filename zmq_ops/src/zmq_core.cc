@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -457,7 +458,10 @@ std::string Connection::AuthFailures() const {
 void Connection::Account(const Message& msg) {
   std::lock_guard<std::mutex> lock(stats_mu_);
   messages_ += 1;
-  bytes_ += static_cast<int64_t>(msg.payload_bytes());
+  // A slot message's bytes are what its header declares (its slot is read later): any number up to 2^64,
+  // so the total saturates rather than overflow.
+  const uint64_t add = msg.payload_bytes();
+  bytes_ = add > static_cast<uint64_t>(INT64_MAX - bytes_) ? INT64_MAX : bytes_ + static_cast<int64_t>(add);
   if (msg.native()) tracker_.Add(msg.header().producer_id, msg.header().seq);
 }
 
