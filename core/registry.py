@@ -182,6 +182,19 @@ def needs_data(cfg: Any, path: str) -> None:
         )
 
 
+def needs_own_work(cfg: Any, path: str, who: str) -> None:
+    """Refuse a path whose engine (`who`: "its pipeline does", "its workers run") does the producers' work itself
+    when the run asks for other producers: only synthetic images, or decoding --data (which must name a folder)."""
+    kind = cfg.producer_kind
+    if kind not in ("synthetic", "decode"):
+        what = "--loader" if kind == "loader" else f"--producer-kind {kind}"
+        raise ConfigError(
+            f"--fake-location {path} with {what}: {who} synthetic or decode work (--producer-kind synthetic|decode)"
+        )
+    if kind == "decode":
+        needs_data(cfg, path)
+
+
 def register(cls: type[InputPath]) -> type[InputPath]:
     """Class decorator: make `cls` available by its declaration's name for its framework."""
     d = cls.__dict__.get("declaration")

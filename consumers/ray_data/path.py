@@ -8,7 +8,7 @@ import importlib.util
 from typing import Any
 
 from core.errors import ConfigError
-from core.registry import Declaration, needs_data
+from core.registry import Declaration, needs_own_work
 from core.result_fields import RankValues, ResultField
 
 NAME = "ray-data"
@@ -16,15 +16,7 @@ NAME = "ray-data"
 
 def validate(cfg: Any) -> None:
     """The producers' synthetic or decode work, and --ray-address reachable when given."""
-    kind = cfg.producer_kind
-    if kind not in ("synthetic", "decode"):
-        what = "--loader" if kind == "loader" else f"--producer-kind {kind}"
-        raise ConfigError(
-            f"--fake-location {NAME} with {what}: its pipeline does synthetic or decode work "
-            "(--producer-kind synthetic|decode)"
-        )
-    if kind == "decode":
-        needs_data(cfg, NAME)
+    needs_own_work(cfg, NAME, "its pipeline does")
     if cfg.ray_address:
         from consumers.ray_data.cluster import check_address
 

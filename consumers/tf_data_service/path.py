@@ -8,7 +8,7 @@ from typing import Any
 
 from consumers.fields import PRODUCERS
 from core.errors import ConfigError
-from core.registry import Declaration, needs_data
+from core.registry import Declaration, needs_own_work
 from core.result_fields import ResultField, per_rank
 
 NAME = "tf-data-service"
@@ -38,15 +38,7 @@ def check_reachable(text: str, timeout: float) -> None:
 
 
 def validate(cfg: Any) -> None:
-    kind = cfg.producer_kind
-    if kind not in ("synthetic", "decode"):
-        what = "--loader" if kind == "loader" else f"--producer-kind {kind}"
-        raise ConfigError(
-            f"--fake-location {NAME} with {what}: its workers run synthetic or decode work "
-            "(--producer-kind synthetic|decode)"
-        )
-    if kind == "decode":
-        needs_data(cfg, NAME)
+    needs_own_work(cfg, NAME, "its workers run")
     if cfg.service_mode not in MODES:
         raise ConfigError(f"--service-mode {cfg.service_mode}: choose from {', '.join(MODES)}")
     if cfg.dispatcher:
