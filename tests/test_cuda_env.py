@@ -18,15 +18,21 @@ import importlib.util
 import os
 import re
 import subprocess
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 
 def owners() -> dict[str, set[str]]:
-    """Every installed file (absolute path) -> the distributions whose RECORD lists it."""
+    """Every installed file (absolute path) -> the distributions in site-packages whose RECORD lists it.
+
+    Only site-packages: a package may put copies of others on `sys.path` at import (Ray adds its
+    `thirdparty_files`, psutil and colorama among them), which are not installed files of this environment.
+    """
     found: dict[str, set[str]] = collections.defaultdict(set)
-    for dist in importlib.metadata.distributions():
+    places = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    for dist in importlib.metadata.distributions(path=places):
         name = dist.metadata["Name"]
         for f in dist.files or []:
             s = str(f)
