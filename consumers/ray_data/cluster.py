@@ -97,6 +97,10 @@ class RayCluster:
             )
         token = secrets.token_hex(32)
         local_environment(token)
+        # Ray's processes fall back to $TMPDIR/ray for what the head's temp folder does not name (seen: a `ray`
+        # folder left in TMPDIR by a run on a loaded machine): RAY_TMPDIR, which they inherit, keeps that inside
+        # the folder the run removes.
+        os.environ["RAY_TMPDIR"] = temp
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         return cls("", token, True, temp, before=before)
 
