@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TILES = 8  # source images per worker (at 224x224, 1.2 MB: they stay in cache while a batch is written)
+from core.images.tiles import CLASSES, POOL, SEED, TILES, source_tiles
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,9 @@ class SyntheticSource:
 
     batch: int = 64
     image_size: int = 224
-    classes: int = 1000
-    pool: int = 4
-    seed: int = 0
+    classes: int = CLASSES
+    pool: int = POOL
+    seed: int = SEED
     cpu_ms: float = 0.0  # CPU time spent per batch, as decoding and augmenting would (0: none)
 
     # The sender may hand us buffers to write into (shm:// slots).
@@ -43,13 +43,9 @@ class SyntheticSource:
     def __call__(
         self, worker: int, buffers: Callable[[], list[np.ndarray] | None] | None = None
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        rng = np.random.default_rng([self.seed, worker])
-        tiles = rng.integers(0, 256, (max(TILES, self.pool), self.image_size, self.image_size, 3), dtype=np.uint8)
+        tiles, tile_labels = source_tiles(self.seed, worker, max(TILES, self.pool), self.image_size, self.classes)
         order = [[(p + j) % len(tiles) for j in range(self.batch)] for p in range(self.pool)]  # distinct rotations
         images = [tiles[o] for o in order]
-        # One label per source image, wherever it lands in a batch: labels a model can learn. A label drawn per
-        # position would give the same image many labels, a loss with a floor and gradients that never settle.
-        tile_labels = rng.integers(0, self.classes, (len(tiles),), dtype=np.int32)
         labels = [tile_labels[o] for o in order]
         for a in images + labels:
             a.flags.writeable = False

@@ -142,6 +142,6 @@ def table(results: dict[str, dict]) -> str:
 
 def text(results: dict[str, dict], baseline: str, cfg) -> str:
     """Each path's `feeding` block added to its result, and the table that shows them."""
-    add_feeding(results, baseline, cfg.num_gpus, cfg.loader, getattr(cfg, "producers", None))
+    add_feeding(results, baseline, cfg.num_gpus, cfg.loader, cfg.producers)
     head = f"feeding the model from {cfg.data} (input cores: the processes the ranks started and their input threads)"
     return head + "\n" + table(results)

@@ -11,7 +11,7 @@ from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
 from core.registry import BASELINE
 from profiler.gpu_state import differs, throttled_words
-from profiler.summary import rate_figure
+from profiler.summary import drained, rate_figure
 from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import WITHIN_NOISE, apply_ceiling, baseline_for, drift_words, uncertainty
 
@@ -56,9 +56,6 @@ def _versus(path: str, r: dict, u: dict, results: dict[str, dict], base_bad: str
 
 
 PRODUCERS_LIMIT = "producers limit: add --producers"
-# A producer-limited window this many times the producers' own count can only have drained batches queued before
-# it: on the H200 (2026-11-28) 25-step windows read 282,818 images/s against the 14 producers' 37,518.
-BACKLOG_FACTOR = 2.0
 
 
 def _ceiling(path: str, r: dict, results: dict[str, dict]) -> str:
@@ -75,7 +72,7 @@ def _ceiling(path: str, r: dict, results: dict[str, dict]) -> str:
     if v.get("limiting_stage") != "producer":
         return figure
     own = ((r.get("telemetry") or {}).get("producers") or {}).get("images_per_sec")
-    if own and r["images_per_sec"]["median"] > BACKLOG_FACTOR * own:
+    if drained(own, r["images_per_sec"]["median"]):
         return f"not a rate: the windows drained a backlog (producers: {rate_figure(own)}); lengthen --steps"
     return f"≥ {figure} ({PRODUCERS_LIMIT})"
 

@@ -32,7 +32,7 @@ from tabulate import tabulate
 
 from core.registry import BASELINE, InputPath
 from profiler.attribution import add_attribution, sentence, too_short
-from profiler.summary import rate_figure
+from profiler.summary import drained, rate_figure
 from profiler.training import invalid_reason, invalid_words
 from profiler.uncertainty import WITHIN_NOISE, baseline_for, uncertainty
 
@@ -224,6 +224,11 @@ def _delivered(counted: float, ips: float) -> str:
     where it differs, said as what it is: a count over another span than the trainer's timed windows."""
     if ips > 0 and abs(counted - ips) <= SAME_FIGURE * ips:
         return f"{rate_figure(ips)} img/s"
+    if drained(counted, ips):
+        return (
+            f"{rate_figure(counted)} img/s by their own count, while the timed windows read {rate_figure(ips)}: "
+            "the windows drained batches queued before them (not a rate: lengthen --steps)"
+        )
     return (
         f"{rate_figure(ips)} img/s to the trainer in its timed windows (the table's figure; {rate_figure(counted)} "
         "img/s by their own count, taken over another span)"

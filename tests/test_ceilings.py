@@ -39,3 +39,8 @@ def test_a_window_far_above_the_producers_own_count_is_no_floor():
     rows = {ln.split()[0]: ln for ln in table(results, 1, True).splitlines()[2:4]}
     assert "not a rate: the windows drained a backlog (producers: 37,518); lengthen --steps" in rows["zmq-consume"]
     assert "≥" not in rows["zmq-consume"] and "282,818" not in rows["zmq-consume"]
+    from profiler.verdict import add_verdicts
+
+    add_verdicts(results, framework="torch")
+    evidence = results["zmq-consume"]["verdict"]["evidence"]
+    assert "the windows drained batches queued before them (not a rate: lengthen --steps)" in evidence, evidence

@@ -215,7 +215,7 @@ def test_the_real_data_table_gives_no_figure_for_a_model_that_did_not_train() ->
 
     doc = json.loads((ROOT / "docs/gpu-runs/2026-11-28-h200/real_data-p4.json").read_text())
     results = doc["paths"]
-    cfg = SimpleNamespace(data="DIR", num_gpus=1, loader=None)
+    cfg = SimpleNamespace(data="DIR", num_gpus=1, loader=None, producers=4)
     out = text(results, "gpu", cfg)
     rows = {ln.split()[0]: ln for ln in out.splitlines()[3:7]}
     for name in ("zmq-consume", "loader", "gpu-decode"):

@@ -21,18 +21,13 @@ from typing import Any
 
 import numpy as np
 
-TILES = 8  # the synthetic producers' cached source images (producers/synthetic.py)
-POOL = 4  # and their pool of batches, each a rotation of the tiles
-CLASSES = 1000
+from core.images.tiles import CLASSES, POOL, SEED, TILES, source_tiles
 
 
 @functools.lru_cache(maxsize=4)
 def _tiles(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The tiles and their labels, drawn as a synthetic producer's worker 0 draws them (seed [0, 0])."""
-    rng = np.random.default_rng([0, 0])
-    tiles = rng.integers(0, 256, (max(TILES, POOL), size, size, 3), dtype=np.uint8)
-    labels = rng.integers(0, CLASSES, (len(tiles),), dtype=np.int32)
-    return tiles, labels
+    """The tiles and their labels, drawn as a synthetic producer's worker 0 draws them."""
+    return source_tiles(SEED, 0, max(TILES, POOL), size, CLASSES)
 
 
 def synthetic_rows(rows: dict[str, np.ndarray], batch: int, size: int) -> dict[str, np.ndarray]:

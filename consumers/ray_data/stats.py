@@ -37,7 +37,7 @@ def iterator(text: str) -> dict[str, str] | None:
         return None
     out: dict[str, str] = {}
     for line in text.split(_ITERATOR, 1)[1].splitlines():
-        m = re.match(r"^\s*\* ([^:]+):\s*(.*)$", line)
+        m = _FIGURE.match(line)
         if m:
             out[m[1].strip()] = m[2].strip()
         elif line and not line.startswith((" ", "\t", "*")):

@@ -183,6 +183,7 @@ class RayData(TorchInputPath):
     def _ray(self) -> dict:
         """The cluster, how this rank iterated, the Ray processes' use over the window, and Ray Data's stats."""
         from consumers.ray_data.cluster import process_use
+        from profiler.uncertainty import STEP_BATCHES, window_rate
 
         cfg = self.cfg
         c = self.cluster
@@ -201,7 +202,8 @@ class RayData(TorchInputPath):
         if self._window is not None:
             w0, w1 = self._window
             dt = w1["time"] - w0["time"]
-            out["images_per_sec"] = (w1["messages"] - w0["messages"]) * cfg.batch / dt if dt > 0 else None
+            got = w1["messages"] - w0["messages"]
+            out["images_per_sec"] = window_rate(got * cfg.batch, dt, got, need=STEP_BATCHES)
             if w0["ray_cpu"]:
                 out.update(process_use(w0["ray_cpu"], w1["ray_cpu"], dt))
         return out

@@ -91,7 +91,13 @@ def torchrun_command(nproc: int, nodes: Nodes, config_file: str, result_dir: str
 
 
 def launch(nproc: int, nodes: Nodes, cfg_dict: dict, result_dir: str) -> tuple[int, dict | None, list[str]]:
-    """Run torchrun to the end: (exit code, rank 0's combined result or None, the failure lines, first the cause)."""
+    (
+        """Run torchrun to the end: (exit code, rank 0's combined result or None, the failure lines, first the cause).
+
+    The result holds `runs` (one per entry of the config's paths, in order: --interleave names a path more than
+    once) and `paths` ({path: its run}) made from them."""
+        ""
+    )
     config_file = os.path.join(result_dir, "config.json")
     with open(config_file, "w") as f:
         json.dump(cfg_dict, f)
@@ -126,6 +132,8 @@ def launch(nproc: int, nodes: Nodes, cfg_dict: dict, result_dir: str) -> tuple[i
         threading.Event().wait()
     result_path = os.path.join(result_dir, RESULT_FILE)
     result = json.loads(Path(result_path).read_text()) if rc == 0 and os.path.exists(result_path) else None
+    if result is not None:  # the ranks write one result per run, in order; by path, each path's (last) run
+        result["paths"] = dict(zip(cfg_dict["paths"], result["runs"], strict=True))
     return rc, result, failure_lines(result_dir, rc) if rc != 0 else []
 
 

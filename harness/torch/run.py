@@ -409,7 +409,6 @@ def _train_paths(cfg: BenchConfig, result_dir: str, device, dist, links: list[di
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = device.type == "cuda"
-    results: dict[str, dict] = {}
     runs: list[dict] = []  # one result per entry of cfg.paths, in order: a path named twice ran twice
     rank_dir = os.path.join(result_dir, f"r{rank}")
     os.makedirs(rank_dir, exist_ok=True)
@@ -425,7 +424,7 @@ def _train_paths(cfg: BenchConfig, result_dir: str, device, dist, links: list[di
         gathered: list = [None] * world
         dist.all_gather_object(gathered, figures)
         if rank == 0:
-            r = results[name] = combined(cfg, name, gathered)
+            r = combined(cfg, name, gathered)
             runs.append(r)
             print(f"  {r['images_per_sec']['median']:.1f} images/s ({time.perf_counter() - t0:.0f} s)", flush=True)
     if rank == 0:
@@ -433,7 +432,7 @@ def _train_paths(cfg: BenchConfig, result_dir: str, device, dist, links: list[di
         from harness.torch.plugin import describe_machine
 
         doc = {"device": {**describe_machine(torch), **({"h2d_pinned_gbps": links} if links else {})},
-               "paths": results, "runs": runs}  # fmt: skip
+               "runs": runs}  # fmt: skip
         atomic_write(os.path.join(result_dir, "result.json"), json.dumps(doc))
 
 
