@@ -458,11 +458,23 @@ std::string Connection::AuthFailures() const {
 void Connection::Account(const Message& msg) {
   std::lock_guard<std::mutex> lock(stats_mu_);
   messages_ += 1;
-  // A slot message's bytes are what its header declares (its slot is read later): any number up to 2^64,
-  // so the total saturates rather than overflow.
-  const uint64_t add = msg.payload_bytes();
-  bytes_ = add > static_cast<uint64_t>(INT64_MAX - bytes_) ? INT64_MAX : bytes_ + static_cast<int64_t>(add);
+  // A slot message's bytes are counted once its slot is read (ResolveSlot): its header may declare any size.
+  if (!msg.slot_message()) AddBytesLocked(msg.payload_bytes());
   if (msg.native()) tracker_.Add(msg.header().producer_id, msg.header().seq);
+}
+
+void Connection::AddBytesLocked(uint64_t add) {
+  // Saturates rather than overflow: a long run's total stays a count.
+  bytes_ = add > static_cast<uint64_t>(INT64_MAX - bytes_) ? INT64_MAX : bytes_ + static_cast<int64_t>(add);
+}
+
+bool Connection::ResolveSlot(const Message& msg, std::vector<wire::TensorView>* tensors, shm::SlotLease* lease,
+                             wire::WireError* err) {
+  if (!msg.slot_message()) return true;
+  if (!slots_.Resolve(msg.slot(), tensors, lease, err)) return false;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  AddBytesLocked(msg.payload_bytes());
+  return true;
 }
 
 std::map<uint32_t, ProducerCount> Connection::ProducerCounts() const {

@@ -154,7 +154,7 @@ class Connection {
   Status Receive(Message* msg, const std::function<bool()>& cancelled, int64_t timeout_ms = -2);
 
   // Rows of (producer_id, counts), and totals (messages, bytes) over every
-  // well-formed message of either format.
+  // well-formed message of either format (a slot message's bytes once its slot was read).
   std::map<uint32_t, ProducerCount> ProducerCounts() const;
   void Totals(int64_t* messages, int64_t* bytes) const;
   // Counts a message that a wrapper accepted after Receive (e.g. a slot
@@ -166,21 +166,21 @@ class Connection {
   // says so instead of just waiting.
   std::string AuthFailures() const;
 
-  // For a slot message: points `tensors` (a copy of msg.tensors()) into the
-  // producer's slot and claims it; the lease hands it back. Otherwise a no-op.
-  // False with `err` naming the field (never reading outside the region).
   // Called as shm:// regions are mapped and unmapped (shm::MapHook); set before Open.
   void SetMapHook(shm::MapHook hook) { slots_.SetMapHook(hook); }
 
+  // For a slot message: points `tensors` (a copy of msg.tensors()) into the
+  // producer's slot and claims it; the lease hands it back. Otherwise a no-op.
+  // False with `err` naming the field (never reading outside the region).
+  // Its bytes join the totals only then: a refused slot message delivered none.
   bool ResolveSlot(const Message& msg, std::vector<wire::TensorView>* tensors, shm::SlotLease* lease,
-                   wire::WireError* err) {
-    return !msg.slot_message() || slots_.Resolve(msg.slot(), tensors, lease, err);
-  }
+                   wire::WireError* err);
 
  private:
   Status OpenCurve();
   void AuthLoop();
   Status TakeMessage(Message* msg);
+  void AddBytesLocked(uint64_t add);  // with stats_mu_ held
   Status StopReason(const std::function<bool()>& cancelled, int64_t deadline_ms, int64_t timeout_ms) const;
 
   // How long a receive may wait while this consumer itself holds every slot
