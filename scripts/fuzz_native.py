@@ -13,7 +13,9 @@ their seeds (JPEGs of every kind the ROI decoder meets; native, zmq_ops and shm 
   peer that closes or never sends, forked producers that exit), then valid and fuzzed slot messages
   resolved into them, each checked to resolve inside its slot to the producer's bytes or be refused;
 - shm_receiver: the receiver over a shm:// endpoint end to end (a region handed over, slot messages over
-  ZMQ, valid or mutated), each batch it delivers checked to be the region's bytes.
+  ZMQ, valid or mutated), each batch it delivers checked to be the region's bytes;
+- curve: the receiver as a CURVE server (its ZAP handler and handshake monitor, zmq_core.cc) fed as
+  `receiver` is by peers holding the client's keys, a stranger's, the wrong server key, or none.
 
 `make fuzz-asan` runs it (FUZZ_SECONDS per target); prints one line per target with the inputs tried and
 fails on any sanitizer report or crash. Needs the C and C++ compilers, libjpeg-turbo and libzmq headers.
@@ -37,7 +39,7 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from core.native_flags import SANITIZE, WARNINGS  # noqa: E402
-from wire import native, shm, zmqops_format  # noqa: E402
+from wire import curve, native, shm, zmqops_format  # noqa: E402
 
 HERE = ROOT / "scripts" / "fuzz"
 OUT = ROOT / "build" / "fuzz-asan"
@@ -119,9 +121,15 @@ def wire_seeds(folder: Path) -> list[Path]:
     return [frames_file(folder / f"{name}.msg", [bytes(f) for f in frames]) for name, frames in seeds.items()]
 
 
-def run(exe: Path, args: list[str], timeout: float) -> list[dict]:
+def curve_keys(folder: Path) -> dict[str, str]:
+    """The curve target's key folders: the run's (server and client pairs) and a stranger's client pair."""
+    keys, stranger = curve.make_keys(folder / "keys"), curve.make_keys(folder / "stranger")
+    return {"FB_FUZZ_KEYS": str(keys), "FB_FUZZ_STRANGER": str(stranger)}
+
+
+def run(exe: Path, args: list[str], timeout: float, env: dict[str, str] | None = None) -> list[dict]:
     """Run one fuzzer; its figures, or SystemExit with the sanitizer's report."""
-    env = {**os.environ, **SANITIZER_ENV}
+    env = {**os.environ, **SANITIZER_ENV, **(env or {})}
     proc = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0:
         raise SystemExit(f"fuzz-asan: {exe.name} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-6000:]}")
@@ -140,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         jpegs, messages = jpeg_seeds(folder), wire_seeds(folder)
         limit = 6 * args.seconds + 120  # a fuzzer that hangs fails too
         figures = run(roi, [str(args.seconds), str(args.seed), *map(str, jpegs)], limit)
-        figures += run(wire_fuzzer, [str(4 * args.seconds), str(args.seed), tmp, *map(str, messages)], limit)
+        wire_args = [str(5 * args.seconds), str(args.seed), tmp, *map(str, messages)]
+        figures += run(wire_fuzzer, wire_args, limit, curve_keys(folder))
     if args.json:
         print(json.dumps(figures))
     else:

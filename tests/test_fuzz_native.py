@@ -22,8 +22,9 @@ def test_sanitized_fuzzers_run_clean_on_every_target() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-6000:]
     figures = {f["target"]: f for f in json.loads(proc.stdout.strip().splitlines()[-1])}
-    assert set(figures) == {"roi", "wire", "receiver", "shm", "shm_receiver"}
+    assert set(figures) == {"roi", "wire", "receiver", "shm", "shm_receiver", "curve"}
     assert all(f["inputs"] > 0 for f in figures.values()), figures
     assert figures["roi"]["decoded"] > 0 and figures["receiver"]["accepted"] > 0, figures  # past the headers
     assert figures["shm"]["handovers"] > 0 and figures["shm"]["resolved"] > 0, figures  # regions mapped and read
     assert figures["shm_receiver"]["accepted"] > 0, figures
+    assert figures["curve"]["accepted"] > 0, figures  # past the CURVE handshake

@@ -8,12 +8,16 @@
 //   shm:      the shm:// consumer (shm.cc's SlotReader): real regions handed over on its abstract socket by
 //             honest and hostile peers, and slot messages resolved into them (fuzz_shm.h);
 //   shm_receiver: the receiver over a shm:// endpoint end to end: a region handed over, slot messages
-//             over ZMQ, valid or mutated, each batch checked to be the region's bytes.
-// Usage: fuzz_wire SECONDS SEED DIR FILE...; prints the inputs tried per target.
+//             over ZMQ, valid or mutated, each batch checked to be the region's bytes;
+//   curve:    the receiver as a CURVE server (its ZAP handler and handshake monitor), fed as `receiver` is
+//             by peers that hold the client's keys, a stranger's, the wrong server key, or no CURVE at all
+//             (the key folder in $FB_FUZZ_KEYS, the stranger's in $FB_FUZZ_STRANGER).
+// Usage: fuzz_wire SECONDS SEED DIR FILE...; prints the inputs tried per target (each a fifth of SECONDS).
 #include <unistd.h>
 #include <zmq.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -74,21 +78,53 @@ void DecodeOne(const std::vector<std::string>& parts, feedbench::core::SeqTracke
   }
 }
 
+// The keys a CURVE peer may hold (z85 text): the run's client pair and server key, and a stranger's pair.
+struct Keys {
+  std::string dir, client_pub, client_sec, server_pub, stranger_pub, stranger_sec;
+  bool Load(const char* keys, const char* stranger) {
+    using feedbench::core::LoadCurveKey;
+    std::string unused;
+    if (keys == nullptr || stranger == nullptr) return false;
+    dir = keys;
+    return LoadCurveKey(dir, "client", true, &client_pub, &client_sec).ok() &&
+           LoadCurveKey(dir, "server", false, &server_pub, &unused).ok() &&
+           LoadCurveKey(stranger, "client", true, &stranger_pub, &stranger_sec).ok();
+  }
+};
+
 struct Peer {
   void* ctx = zmq_ctx_new();
   void* push = nullptr;
   std::string ep;
-  void Connect() {
+  const Keys* keys = nullptr;  // a CURVE server's peer: which keys it holds is drawn at each connect
+  void Connect(bool honest = false) {
     if (push) zmq_close(push);
     push = zmq_socket(ctx, ZMQ_PUSH);
     int linger = 0, hwm = 1000;
     zmq_setsockopt(push, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(push, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    if (keys != nullptr) {
+      const int wait_ms = 20;  // a peer whose handshake failed has no one to send to
+      zmq_setsockopt(push, ZMQ_SNDTIMEO, &wait_ms, sizeof(wait_ms));
+      Curve(honest ? 0 : static_cast<int>(fz_below(8)));
+    }
     zmq_connect(push, ep.c_str());
   }
-  void Send(const std::vector<std::string>& parts) {
+  void Curve(int kind) {  // 0-4: the client's keys; 5: a stranger's; 6: the wrong server key; 7: none
+    if (kind == 7) return;
+    const Keys& k = *keys;
+    const std::string& server = kind == 6 ? k.stranger_pub : k.server_pub;
+    const std::string& pub = kind == 5 ? k.stranger_pub : k.client_pub;
+    const std::string& sec = kind == 5 ? k.stranger_sec : k.client_sec;
+    zmq_setsockopt(push, ZMQ_CURVE_SERVERKEY, server.c_str(), 41);
+    zmq_setsockopt(push, ZMQ_CURVE_PUBLICKEY, pub.c_str(), 41);
+    zmq_setsockopt(push, ZMQ_CURVE_SECRETKEY, sec.c_str(), 41);
+  }
+  // False when the first part was not taken (timed out: no handshake passed); then none of the rest is sent.
+  bool Send(const std::vector<std::string>& parts) {
     for (size_t i = 0; i < parts.size(); ++i)
-      zmq_send(push, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0);
+      if (zmq_send(push, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0) < 0) return false;
+    return true;
   }
   ~Peer() {
     zmq_close(push);
@@ -114,8 +150,9 @@ long Drain(void* r, int zero_copy, int64_t wait_ms) {
   }
 }
 
+// The receiver end to end over ipc (a CURVE server when `keys` is given); the messages sent.
 long Receive(const fz_buf* seeds, size_t n_seeds, unsigned char* buf, double seconds, const std::string& dir,
-             long* accepted) {
+             const Keys* keys, long* accepted) {
   const int dtypes[2] = {4, 3}, ndims[2] = {4, 1};
   const int64_t dims[5] = {2, 4, 4, 3, 2};
   std::vector<std::vector<char>> store(4 * 2);
@@ -130,26 +167,30 @@ long Receive(const fz_buf* seeds, size_t n_seeds, unsigned char* buf, double sec
   const double end = fz_now() + seconds;
   for (int round = 0; fz_now() < end; ++round) {
     const int zero_copy = round % 2;
-    const std::string ep = "ipc://" + dir + "/fz-" + std::to_string(getpid()) + "-" + std::to_string(round);
+    const std::string ep = "ipc://" + dir + "/fz-" + std::to_string(getpid()) + "-" + std::to_string(round) +
+                           (keys != nullptr ? "c" : "");
     char err[1024];
-    void* r = fb_receiver_open(ep.c_str(), 2, dtypes, ndims, dims, 4, ptrs.data(), 100, 200, 1 << 20, 1, nullptr,
-                               1 + round % 2, zero_copy, nullptr, err, sizeof(err));
+    void* r = fb_receiver_open(ep.c_str(), 2, dtypes, ndims, dims, 4, ptrs.data(), 100, 200, 1 << 20, 1,
+                               keys != nullptr ? keys->dir.c_str() : nullptr, 1 + round % 2, zero_copy, nullptr, err,
+                               sizeof(err));
     if (r == nullptr) {
       fprintf(stderr, "fuzz_wire: %s\n", err);
       return -1;
     }
     Peer peer;
     peer.ep = ep;
-    peer.Connect();
+    peer.keys = keys;
+    peer.Connect(true);  // the client's keys first, so every round gets past the handshake
     const double round_end = fz_now() + 1.0;
     while (fz_now() < round_end && fz_now() < end) {
       const int burst = fz_below(16) == 0 ? 200 : 1;  // now and then a flood
-      for (int b = 0; b < burst; ++b) {
-        peer.Send(Split(buf, fz_mutate(seeds, n_seeds, buf, kCap)));
-        ++inputs;
+      bool refused = false;  // a CURVE peer the server turned away: nothing it sends is taken
+      for (int b = 0; b < burst && !refused; ++b) {
+        refused = !peer.Send(Split(buf, fz_mutate(seeds, n_seeds, buf, kCap)));
+        inputs += !refused;
       }
       *accepted += Drain(r, zero_copy, burst > 1 ? 50 : 2);
-      if (fz_below(64) == 0) peer.Connect();  // a producer that leaves and comes back
+      if (refused || fz_below(64) == 0) peer.Connect();  // a producer that leaves and comes back
     }
     *accepted += Drain(r, zero_copy, 20);
     int64_t rows[20], totals[2];
@@ -283,23 +324,31 @@ int main(int argc, char** argv) {
   std::vector<unsigned char> buf(kCap);
   feedbench::core::SeqTracker seqs;
   long decoded = 0;
-  const double end = fz_now() + seconds / 4;
+  const double end = fz_now() + seconds / 5;
   while (fz_now() < end) {
     DecodeOne(Split(buf.data(), fz_mutate(seeds.data(), seeds.size(), buf.data(), kCap)), &seqs);
     ++decoded;
   }
   long resolved = 0, handovers = 0;
-  const long slots = shmfz::Run(seeds.data(), seeds.size(), buf.data(), seconds / 4, &resolved, &handovers);
+  const long slots = shmfz::Run(seeds.data(), seeds.size(), buf.data(), seconds / 5, &resolved, &handovers);
   long shm_accepted = 0;
-  const long shm_sent = ReceiveShm(buf.data(), seconds / 4, &shm_accepted);
+  const long shm_sent = ReceiveShm(buf.data(), seconds / 5, &shm_accepted);
   long accepted = 0;
-  const long received = Receive(seeds.data(), seeds.size(), buf.data(), seconds / 4, dir, &accepted);
+  const long received = Receive(seeds.data(), seeds.size(), buf.data(), seconds / 5, dir, nullptr, &accepted);
+  Keys keys;
+  if (!keys.Load(getenv("FB_FUZZ_KEYS"), getenv("FB_FUZZ_STRANGER"))) {
+    fprintf(stderr, "fuzz_wire: no CURVE keys in $FB_FUZZ_KEYS and $FB_FUZZ_STRANGER\n");
+    return 2;
+  }
+  long curve_accepted = 0;
+  const long curve_sent = Receive(seeds.data(), seeds.size(), buf.data(), seconds / 5, dir, &keys, &curve_accepted);
   for (auto& s : seeds) free(s.data);
-  if (received < 0) return 1;
+  if (received < 0 || curve_sent < 0) return 1;
   printf("{\"target\": \"wire\", \"inputs\": %ld}\n{\"target\": \"receiver\", \"inputs\": %ld, \"accepted\": %ld}\n",
          decoded, received, accepted);
   printf("{\"target\": \"shm\", \"inputs\": %ld, \"resolved\": %ld, \"handovers\": %ld}\n", slots, resolved,
          handovers);
   printf("{\"target\": \"shm_receiver\", \"inputs\": %ld, \"accepted\": %ld}\n", shm_sent, shm_accepted);
+  printf("{\"target\": \"curve\", \"inputs\": %ld, \"accepted\": %ld}\n", curve_sent, curve_accepted);
   return 0;
 }
