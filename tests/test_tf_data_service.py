@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import tempfile
 import time
 
 import psutil
@@ -16,12 +17,14 @@ import pytest
 from conftest import descendants
 from tensorpack.callbacks import Callback
 
+from consumers.tf_data_service.tf import TFDataService
 from core.config import BenchConfig, apply_defaults
 from core.errors import ConfigError, InputError
 from harness.tf.run import run_path
 from producers.dataset import make_dataset
 from runner.data_service import ServiceGroup
 from runner.local_cluster import free_ports
+from runner.producer_group import ProducerDied
 
 pytestmark = pytest.mark.timeout(300)
 PATH = "tf-data-service"
@@ -155,3 +158,78 @@ def test_a_service_without_workers_ends_the_run_within_the_receive_timeout_in_on
     finally:
         lone.stop()
     assert str(e.value) == f"{PATH}: no batch from the tf.data service at {lone.address} within 3 s"
+
+
+def test_with_continue_the_run_goes_on_while_a_worker_is_left_and_stops_naming_one_when_none_is():
+    others = {p.pid for p in engine_processes()}  # the module's service, if it is up
+    group = ServiceGroup(2, on_exit="continue").start()  # its processes need not be up: only their exits count
+    try:
+        for i in (1, 2):  # process 0 is the dispatcher
+            group.procs[i].kill()
+            group.procs[i].wait()
+            if i == 1:
+                group.check()  # one worker left: no failure
+        with pytest.raises(ProducerDied) as e:
+            group.check()
+    finally:
+        group.stop()
+    assert str(e.value) == f"service worker 0 ({group.workers[0]}) exited, killed by SIGKILL"
+    assert not engine_processes(others)
+
+
+class _KillWhenBothDeliver(Callback):
+    """SIGKILLs the run's service worker 1 once the client has had batches from both workers' passes, and waits
+    until it is gone. Until then each step is paced, so the run's steps last until the client's task refresh
+    (about a second) has found both workers, however loaded the machine."""
+
+    def __init__(self) -> None:
+        self.killed: str | None = None
+
+    def _before_train(self) -> None:
+        self.path = next(
+            cb.path for cb in self.trainer._callbacks.cbs if isinstance(getattr(cb, "path", None), TFDataService)
+        )
+
+    def _trigger_step(self) -> None:
+        tracker = self.path.tracker
+        if self.killed is not None:
+            return
+        if len(tracker.producers) < 2:
+            time.sleep(0.01)
+            return
+        self.received_then = {sid: c.received for sid, c in tracker.producers.items()}
+        worker = self.path.service.procs[2]  # process 0 is the dispatcher
+        self.killed = self.path.service.workers[1]
+        worker.kill()
+        worker.wait()
+
+
+def test_continue_trains_on_when_a_worker_is_killed_mid_run_and_counts_what_was_lost(capfd, tmp_path, monkeypatch):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    others = {p.pid for p in engine_processes()}  # the module's service, if it is up
+    kill = _KillWhenBothDeliver()
+    cfg = small(service_mode="dynamic", on_producer_exit="continue", warmup_steps=2000, steps=50, repeats=2)
+    result = run_path(cfg, PATH, False, extra_callbacks=[kill])  # the run goes on to its last step
+    out, _ = capfd.readouterr()
+    line = f"service worker 1 ({kill.killed}) exited, killed by SIGKILL"
+    assert [ln for ln in out.splitlines() if "warning" in ln] == [
+        f"  warning: {line}; continuing with the other workers"
+    ]
+    service = result["service"]
+    assert service["exited"] == [line]
+    (dead,) = service["streams_ended"]
+    rows = {r["producer"]: r for r in result["producers"]}
+    live = next(sid for sid in rows if sid != dead)
+    assert rows[live]["received"] > kill.received_then[live] + 50  # the other worker's went on
+    # What the killed worker had taken from the dispatcher and never delivered: each seq below the live pass's
+    # latest that never came.
+    tracker = kill.path.tracker
+    frontier = tracker.latest[live]
+    delivered = service["delivered"]
+    assert delivered["missing"] == frontier + 1 - sum(1 for s in tracker.seen if s <= frontier)
+    assert delivered["duplicated"] == 0 and delivered["received"] == delivered["distinct"]
+    assert not engine_processes(others)
+    assert not os.listdir(tmp)

@@ -50,7 +50,7 @@ SERVICE = ResultField(
     "service",
     {
         "type": "object",
-        "description": "tf-data-service: the tf.data service's dispatcher (grpc://HOST:PORT), its processing mode (off, dynamic), whether the run started it; for its own: the dispatcher's (head_cpu_cores) and each worker's CPU cores over the timed steps and whether more workers would help (more_workers); with dynamic sharding, what was delivered overall (delivered: received, distinct, duplicated, missing)",
+        "description": "tf-data-service: the tf.data service's dispatcher (grpc://HOST:PORT), its processing mode (off, dynamic), whether the run started it; for its own: the dispatcher's (head_cpu_cores) and each worker's CPU cores over the timed steps and whether more workers would help (more_workers); with dynamic sharding, what was delivered overall (delivered: received, distinct, duplicated, missing); with --on-producer-exit continue, the service processes that exited (exited, one line each) and the passes that ended with them (streams_ended: their numbers in producers)",
         "required": ["dispatcher", "mode", "started_here"],
         "properties": {
             "dispatcher": {"type": "string"},
@@ -59,6 +59,8 @@ SERVICE = ResultField(
             "head_cpu_cores": {"$ref": "#/$defs/number_or_null"},
             "workers": {"type": "array", "items": {"type": "object", "required": ["worker", "address", "cpu_cores"]}},
             "more_workers": {"type": ["string", "null"]},
+            "exited": {"type": "array", "items": {"type": "string"}},
+            "streams_ended": {"type": "array", "items": {"type": "integer", "minimum": 0}},
             "delivered": {
                 "type": "object",
                 "required": ["received", "distinct", "duplicated", "missing"],

@@ -123,6 +123,7 @@ class TFDataService(TFInputPath):
         self.last_batch = time.monotonic()
         self._failure: str | None = None
         self._window: tuple[dict, dict] | None = None
+        self.gone: dict[int, int] = {}  # a process of the run's own service that exited -> batches received by then
 
     def input_source(self, specs: list, has_gpu: bool) -> InputSource:
         cfg = self.cfg
@@ -192,10 +193,21 @@ class TFDataService(TFInputPath):
 
     def result_fields(self) -> dict:
         out = {"producers": self.tracker.table(), "service": self._service()}
-        overall = self.tracker.overall()
+        ended = self.tracker.ended(len(self.gone), max(self.gone.values())) if self.gone else []
+        if self.gone:  # --on-producer-exit continue: who left, and the passes that ended with them
+            out["service"]["exited"] = list(self.service.exited().values()) if self.service is not None else []
+            out["service"]["streams_ended"] = ended
+        overall = self.tracker.overall(ended)
         if overall is not None:
             out["service"]["delivered"] = overall
         return out
+
+    def note_exits(self) -> None:
+        """Note each of the run's own service processes that has exited, with the batches received by then: a
+        pass silent since is one that ended with it (`StreamTracker.ended`)."""
+        if self.service is not None and self.service.procs:
+            for i in self.service.exited():
+                self.gone.setdefault(i, self.tracker.arrivals)
 
     def _service(self) -> dict:
         """Where the service is, and (its own, started here) each process's CPU over the timed steps."""
@@ -225,6 +237,8 @@ class _Silence(Callback):
 
     The tf.data service's client waits for its workers for ever; this watches
     the batches' own arrival and closes the session, which cancels the step.
+    On the way it notes which of the run's own service processes have exited
+    (with --on-producer-exit continue the run goes on without them).
     """
 
     def __init__(self, path: TFDataService) -> None:
@@ -238,6 +252,7 @@ class _Silence(Callback):
     def _watch(self) -> None:
         limit = self.path.cfg.recv_timeout
         while not self._done.wait(0.2):
+            self.path.note_exits()
             if time.monotonic() - self.path.last_batch > limit:
                 self.path._failure = f"no batch from the tf.data service at {self.path.address} within {limit:g} s"
                 self.trainer.sess.close()
@@ -245,3 +260,4 @@ class _Silence(Callback):
 
     def _after_train(self) -> None:
         self._done.set()
+        self.path.note_exits()
