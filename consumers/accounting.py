@@ -126,8 +126,11 @@ class StreamTracker:
 
     def ended(self, workers_gone: int, arrivals_then: int) -> list[int]:
         """The streams of `workers_gone` workers seen gone when `arrivals_then` batches had arrived: of the
-        streams silent since then (a live worker's pass goes on delivering), the `workers_gone` silent longest."""
-        silent = sorted((at, sid) for sid, at in self.last_at.items() if at <= arrivals_then)
+        streams silent through the later half of the batches since then, the `workers_gone` silent longest. A
+        live worker's pass goes on delivering; a dead one's may still hand over, just after, what the client
+        had taken from it before it died."""
+        quiet_since = arrivals_then + (self.arrivals - arrivals_then) // 2
+        silent = sorted((at, sid) for sid, at in self.last_at.items() if at <= quiet_since)
         return sorted(sid for _, sid in silent[: max(workers_gone, 0)])
 
     def overall(self, ended: list[int] | tuple = ()) -> dict | None:

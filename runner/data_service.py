@@ -73,7 +73,8 @@ class ServiceGroup(ProducerGroup):
         return out
 
     def none_left(self, exited: dict[int, str]) -> bool:
-        """The dispatcher gone, or every worker: the line that fails the run names the first that exited."""
+        """The dispatcher gone, or every worker: the line that fails the run names the dispatcher, or the
+        lowest-numbered worker."""
         return 0 in exited or (len(self.procs) > 1 and all(i in exited for i in range(1, len(self.procs))))
 
     def wait_ready(self, timeout: float) -> None:

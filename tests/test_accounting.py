@@ -82,6 +82,17 @@ def test_a_stream_whose_worker_is_gone_no_longer_holds_back_what_counts_as_missi
     assert t.overall(ended=[0]) == {"received": 8, "distinct": 8, "duplicated": 0, "missing": 2}  # 4 and 6
 
 
+def test_a_stream_that_hands_over_what_the_client_had_buffered_after_its_worker_is_seen_gone_still_ended():
+    t = StreamTracker(shared=True)
+    for stream, seq in [(7, 0), (9, 1)]:
+        t.add(stream, seq)
+    gone_at = t.arrivals
+    t.add(7, 2)  # taken by the client before the worker died, counted just after
+    for seq in range(3, 9):
+        t.add(9, seq)
+    assert t.ended(1, gone_at) == [0]
+
+
 def test_a_worker_gone_before_its_stream_began_ends_no_stream():
     t = StreamTracker(shared=True)
     for seq in range(4):
