@@ -221,7 +221,8 @@ def _add_producer_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--on-producer-exit", choices=("stop", "continue"), default="stop",
-        help="when one of the run's producers dies: stop the run, or train on with the others",
+        help="when one of the run's producers (tf-data-service: its service workers) dies: stop the run, or train "
+        "on with the others",
     )  # fmt: skip
     g.add_argument(
         "--max-msg-size", type=positive_int, help="largest message accepted, bytes (default: from batch and image size)"
@@ -242,7 +243,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engines (--fake-location tf-data-service, ray-data)")
     g.add_argument(
         "--service-workers", type=positive_int, default=BenchConfig.service_workers,
-        help="tf-data-service: worker processes the run starts, with a dispatcher, on 127.0.0.1",
+        help="tf-data-service: worker processes the run starts, with a dispatcher, on 127.0.0.1; they run the "
+        "synthetic or decode work, or --loader's tf.data pipeline (TensorFlow ops only)",
     )  # fmt: skip
     g.add_argument(
         "--dispatcher", metavar="grpc://HOST:PORT",

@@ -83,7 +83,9 @@ class StreamTracker:
     producer is (`SeqTracker`). `shared=True`: the streams split one source
     between them (dynamic sharding, Ray Data's blocks), so every seq must arrive
     once overall; each stream is increasing, and a seq below every stream's
-    latest that has not arrived never will (`missing`).
+    latest that has not arrived never will (`missing`). A stream whose worker
+    is gone (`ended`) no longer holds that frontier back: what it had taken
+    and not delivered counts as missing once the others pass it.
     """
 
     def __init__(self, shared: bool) -> None:
@@ -93,6 +95,8 @@ class StreamTracker:
         self.seen: set[int] = set()
         self.duplicated = 0
         self.latest: dict[int, int] = {}
+        self.arrivals = 0  # batches received, all streams together
+        self.last_at: dict[int, int] = {}  # stream -> `arrivals` at its latest batch
 
     @property
     def producers(self) -> dict[int, ProducerCount]:
@@ -100,6 +104,8 @@ class StreamTracker:
 
     def add(self, stream: int, seq: int) -> None:
         sid = self.ids.setdefault(stream, len(self.ids))
+        self.arrivals += 1
+        self.last_at[sid] = self.arrivals
         if not self.shared:
             self.streams.add(sid, seq)
             return
@@ -118,11 +124,22 @@ class StreamTracker:
         """One row per stream (as `SeqTracker.table`; with `shared`, loss is counted overall in `overall`)."""
         return self.streams.table()
 
-    def overall(self) -> dict | None:
-        """With `shared`: batches received, distinct seqs, those that came twice, and those that never will."""
+    def ended(self, workers_gone: int, arrivals_then: int) -> list[int]:
+        """The streams of `workers_gone` workers seen gone when `arrivals_then` batches had arrived: of the
+        streams silent through the later half of the batches since then, the `workers_gone` silent longest. A
+        live worker's pass goes on delivering; a dead one's may still hand over, just after, what the client
+        had taken from it before it died."""
+        quiet_since = arrivals_then + (self.arrivals - arrivals_then) // 2
+        silent = sorted((at, sid) for sid, at in self.last_at.items() if at <= quiet_since)
+        return sorted(sid for _, sid in silent[: max(workers_gone, 0)])
+
+    def overall(self, ended: list[int] | tuple = ()) -> dict | None:
+        """With `shared`: batches received, distinct seqs, those that came twice, and those that never will
+        (below the latest seq of every stream but the `ended` ones)."""
         if not self.shared or not self.latest:
             return None
-        frontier = min(self.latest.values())
+        live = [seq for sid, seq in self.latest.items() if sid not in ended] or self.latest.values()
+        frontier = min(live)
         below = sum(1 for s in self.seen if s <= frontier)
         return {
             "received": sum(c.received for c in self.producers.values()),

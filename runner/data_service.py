@@ -2,7 +2,8 @@
 
 They are a ProducerGroup (runner/producer_group.py) with other command lines:
 each in its own process group, watched (one that exits fails the run, naming
-itself, or with --on-producer-exit continue only once every worker is gone),
+itself, or with --on-producer-exit continue only once the dispatcher or every
+worker is gone),
 stopped with the run whatever ends it, and dying with the run when it is
 killed outright (producers/parent.py). Each listens on its own loopback port
 only (runner/bind_host.py: TensorFlow's gRPC servers have no bind address).
@@ -40,6 +41,8 @@ def become_server(port: int) -> str:
 class ServiceGroup(ProducerGroup):
     """A dispatcher (process 0) and `workers` workers (processes 1..N), started by `start()`."""
 
+    members = "workers"
+
     def __init__(self, workers: int, on_exit: str = "stop") -> None:
         bind_host.library()  # built here, once, before the processes need it (ConfigError without a compiler)
         ports = free_ports(workers + 1)
@@ -68,6 +71,11 @@ class ServiceGroup(ProducerGroup):
         if 0 in out and self.procs:
             out.update({i: out[0] for i in range(1, len(self.procs)) if i not in out})
         return out
+
+    def none_left(self, exited: dict[int, str]) -> bool:
+        """The dispatcher gone, or every worker: the line that fails the run names the dispatcher, or the
+        lowest-numbered worker."""
+        return 0 in exited or (len(self.procs) > 1 and all(i in exited for i in range(1, len(self.procs))))
 
     def wait_ready(self, timeout: float) -> None:
         """Until every process listens on its port (InputError naming the one that exited or is late)."""

@@ -84,6 +84,8 @@ class ProducerGroup:
     files), which the producers remove if the run dies without doing so.
     """
 
+    members = "producers"  # what the group's processes are called in a run's warnings
+
     def __init__(
         self,
         commands: list[list[str]],
@@ -145,7 +147,7 @@ class ProducerGroup:
     def _watch(self) -> None:
         while not self._stopping.wait(0.1):
             exited = self.exited()
-            if exited and (self.on_exit == "stop" or len(exited) == len(self.procs)):
+            if exited and (self.on_exit == "stop" or self.none_left(exited)):
                 with self._lock:
                     if self._stopping.is_set():
                         return
@@ -157,6 +159,10 @@ class ProducerGroup:
                     except Exception:  # an interrupt that fails leaves the run's own check to report it
                         pass
                 return
+
+    def none_left(self, exited: dict[int, str]) -> bool:
+        """Whether the processes that have exited (`exited()`) leave the run nothing to read from."""
+        return len(exited) == len(self.procs)
 
     def exited(self) -> dict[int, str]:
         """Producers that have exited, each with a line saying how (the run's line names the endpoint)."""
@@ -176,7 +182,7 @@ class ProducerGroup:
         if self.failure is not None:
             raise ProducerDied(self.failure)
         exited = self.exited()
-        if exited and (self.on_exit == "stop" or len(exited) == len(self.procs)):
+        if exited and (self.on_exit == "stop" or self.none_left(exited)):
             raise ProducerDied(exited[min(exited)])
 
     def stderr(self, i: int) -> str:
@@ -257,8 +263,8 @@ class ProducerWatch:
         for i, message in exited.items():
             if i not in self.reported:
                 self.reported.add(i)
-                print(f"  warning: {self.who}{message}; continuing with the other producers", flush=True)
-        if len(exited) == len(self.group.procs):
+                print(f"  warning: {self.who}{message}; continuing with the other {self.group.members}", flush=True)
+        if self.group.none_left(exited):
             self.group.check()
 
 

@@ -69,6 +69,39 @@ def test_streams_that_split_one_source_count_each_seq_once_and_what_never_came()
     ]
 
 
+def test_a_stream_whose_worker_is_gone_no_longer_holds_back_what_counts_as_missing():
+    t = StreamTracker(shared=True)
+    for stream, seq in [(7, 0), (9, 1), (7, 2), (9, 3)]:
+        t.add(stream, seq)
+    gone_at = t.arrivals  # stream 7's worker is seen gone here; it had taken seq 4 and 6 and delivers nothing more
+    for seq in (5, 7, 8, 9):
+        t.add(9, seq)
+    assert t.ended(1, gone_at) == [0]  # stream 9 delivered since; stream 7 (numbered 0) is the one that ended
+    assert t.ended(0, gone_at) == []
+    assert t.overall() == {"received": 8, "distinct": 8, "duplicated": 0, "missing": 0}  # held back at seq 2
+    assert t.overall(ended=[0]) == {"received": 8, "distinct": 8, "duplicated": 0, "missing": 2}  # 4 and 6
+
+
+def test_a_stream_that_hands_over_what_the_client_had_buffered_after_its_worker_is_seen_gone_still_ended():
+    t = StreamTracker(shared=True)
+    for stream, seq in [(7, 0), (9, 1)]:
+        t.add(stream, seq)
+    gone_at = t.arrivals
+    t.add(7, 2)  # taken by the client before the worker died, counted just after
+    for seq in range(3, 9):
+        t.add(9, seq)
+    assert t.ended(1, gone_at) == [0]
+
+
+def test_a_worker_gone_before_its_stream_began_ends_no_stream():
+    t = StreamTracker(shared=True)
+    for seq in range(4):
+        t.add(3, seq)
+    gone_at = t.arrivals
+    t.add(3, 4)
+    assert t.ended(1, gone_at) == []
+
+
 def test_streams_that_each_run_the_whole_source_are_counted_as_producers():
     t = StreamTracker(shared=False)
     for stream, seq in [(5, 0), (5, 1), (6, 0), (5, 3), (6, 1)]:

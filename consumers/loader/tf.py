@@ -14,6 +14,7 @@ from tensorpack.input_source import InputSource, TFDatasetInput
 
 from consumers.loader.path import PATH
 from consumers.tf_half import TFInputPath
+from consumers.tf_loader import fitted
 from core import loader_processes
 from core.loader_spec import LoaderError, LoaderSpec, batches, kind_of
 from core.registry import register
@@ -68,29 +69,7 @@ class UserLoader(TFInputPath):
     @staticmethod
     def _in_graph(spec: LoaderSpec, ds, images_spec, labels_spec):
         """The user's dataset, checked against the model's signature; labels cast to the model's dtype."""
-        element = ds.element_spec
-        if not isinstance(element, (tuple, list)) or len(element) < 2:
-            raise LoaderError(f"loader {spec.name}: its tf.data elements are {element}; expected (images, labels)")
-        img, lab = element[0], element[1]
-        want = images_spec.shape.as_list()
-        if img.dtype != tf.uint8:
-            raise LoaderError(
-                f"loader {spec.name}: images are {img.dtype.name} {img.shape}; the model takes uint8 NHWC: "
-                "end the pipeline with tf.cast(tf.clip_by_value(x, 0, 255), tf.uint8)"
-            )
-        if not img.shape.is_compatible_with(want):
-            raise LoaderError(
-                f"loader {spec.name}: images are {img.shape}; the model takes {want} "
-                "(batch with drop_remainder=True, resize to the run's --image-size, or pass --batch)"
-            )
-        if not lab.dtype.is_integer:
-            raise LoaderError(f"loader {spec.name}: labels are {lab.dtype.name}; expected integers (class indices)")
-
-        def fit(element):
-            images = tf.ensure_shape(element[0], want)
-            labels = tf.ensure_shape(tf.cast(tf.reshape(element[1], [-1]), labels_spec.dtype), labels_spec.shape)
-            return images, labels
-
         # tensorpack's TFDatasetInput reads the graph-mode (v1) dataset API: wrap the user's dataset in one.
         # Pass after pass, as the other loaders are read: a finite dataset does not end the run mid-way.
-        return tf.compat.v1.data.Dataset.zip((ds,)).map(fit).repeat()
+        v1 = tf.compat.v1.data.Dataset.zip((fitted(spec, ds, images_spec, labels_spec),))
+        return v1.map(tf.autograph.experimental.do_not_convert(lambda element: element)).repeat()

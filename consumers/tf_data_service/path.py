@@ -38,7 +38,8 @@ def check_reachable(text: str, timeout: float) -> None:
 
 
 def validate(cfg: Any) -> None:
-    needs_own_work(cfg, NAME, "its workers run")
+    if cfg.producer_kind != "loader":  # a --loader's pipeline is checked when it is made (consumers/tf_loader.py)
+        needs_own_work(cfg, NAME, "its workers run", loader=True)
     if cfg.service_mode not in MODES:
         raise ConfigError(f"--service-mode {cfg.service_mode}: choose from {', '.join(MODES)}")
     if cfg.dispatcher:
@@ -50,7 +51,7 @@ SERVICE = ResultField(
     "service",
     {
         "type": "object",
-        "description": "tf-data-service: the tf.data service's dispatcher (grpc://HOST:PORT), its processing mode (off, dynamic), whether the run started it; for its own: the dispatcher's (head_cpu_cores) and each worker's CPU cores over the timed steps and whether more workers would help (more_workers); with dynamic sharding, what was delivered overall (delivered: received, distinct, duplicated, missing)",
+        "description": "tf-data-service: the tf.data service's dispatcher (grpc://HOST:PORT), its processing mode (off, dynamic), whether the run started it; for its own: the dispatcher's (head_cpu_cores) and each worker's CPU cores over the timed steps and whether more workers would help (more_workers); with dynamic sharding, what was delivered overall (delivered: received, distinct, duplicated, missing); with --loader and dynamic sharding, what cannot be checked (not_checked); with --on-producer-exit continue, the service processes that exited (exited, one line each) and the passes that ended with them (streams_ended: their numbers in producers)",
         "required": ["dispatcher", "mode", "started_here"],
         "properties": {
             "dispatcher": {"type": "string"},
@@ -59,6 +60,9 @@ SERVICE = ResultField(
             "head_cpu_cores": {"$ref": "#/$defs/number_or_null"},
             "workers": {"type": "array", "items": {"type": "object", "required": ["worker", "address", "cpu_cores"]}},
             "more_workers": {"type": ["string", "null"]},
+            "not_checked": {"type": "string"},
+            "exited": {"type": "array", "items": {"type": "string"}},
+            "streams_ended": {"type": "array", "items": {"type": "integer", "minimum": 0}},
             "delivered": {
                 "type": "object",
                 "required": ["received", "distinct", "duplicated", "missing"],
