@@ -38,6 +38,7 @@ IDENTITY = (
     "needs_producers",
     "advice",
     "input_advice",
+    "floor_words",
     "delivers_words",
     "host_cpu_advice",
 )
@@ -65,6 +66,8 @@ class Declaration:
     # When the input limits and no producer figures say which side: what to try, and how to say what it delivered.
     input_advice: Words = "add producers (--producers) or use zmq-consume"
     delivers_words: Words = "the input delivers"
+    # The table's words beside a figure the input limits (a floor, `≥ N`): who limits, and what raises it.
+    floor_words: Words = "producers limit: add --producers"
     # When steps run slower than the baseline without waiting: the input's host work competes with them.
     host_cpu_advice: Words = "move input work off the trainer's cores (zmq-consume, producers on other hosts)"
     validate: Callable[[Any], None] | None = None
@@ -146,7 +149,10 @@ class InputPath:
     def describe(self) -> dict[str, Any]:
         """What the report says about the path itself (kind, advice), next to its figures."""
         d, fw = self.declaration, self.framework
-        words = {k: d.words(k, fw) for k in ("summary", "advice", "input_advice", "delivers_words", "host_cpu_advice")}
+        words = {
+            k: d.words(k, fw)
+            for k in ("summary", "advice", "input_advice", "floor_words", "delivers_words", "host_cpu_advice")
+        }
         return {
             "name": d.name,
             **words,

@@ -9,7 +9,7 @@ from tabulate import tabulate
 
 from core.atomic import atomic_write, not_regular
 from core.errors import ConfigError
-from core.registry import BASELINE
+from core.registry import BASELINE, Declaration
 from profiler.gpu_state import differs, throttled_words
 from profiler.summary import drained, rate_figure
 from profiler.training import invalid_reason, invalid_words
@@ -55,13 +55,11 @@ def _versus(path: str, r: dict, u: dict, results: dict[str, dict], base_bad: str
     return vs, reading
 
 
-PRODUCERS_LIMIT = "producers limit: add --producers"
-
-
 def _ceiling(path: str, r: dict, results: dict[str, dict]) -> str:
     """An --input-only figure: the path's ceiling where its own consumer limits it; a floor (`≥ N`) where its
-    producers do (the verdict's limiting stage), since more producers would raise it; no figure where the
-    producers limit and the windows read far more than the producers' own count (a backlog drained)."""
+    producers do (the verdict's limiting stage), since more of them would raise it (the path says how: its
+    `floor_words`); no figure where the producers limit and the windows read far more than the producers' own
+    count (a backlog drained)."""
     from profiler.verdict import verdict
 
     figure = rate_figure(r["images_per_sec"]["median"])
@@ -74,7 +72,8 @@ def _ceiling(path: str, r: dict, results: dict[str, dict]) -> str:
     own = ((r.get("telemetry") or {}).get("producers") or {}).get("images_per_sec")
     if drained(own, r["images_per_sec"]["median"]):
         return f"not a rate: the windows drained a backlog (producers: {rate_figure(own)}); lengthen --steps"
-    return f"≥ {figure} ({PRODUCERS_LIMIT})"
+    words = (r.get("input") or {}).get("floor_words") or Declaration.floor_words  # who limits, and how to raise it
+    return f"≥ {figure} ({words})"
 
 
 def gpu_words(path: str, r: dict, base: dict | None) -> str | None:

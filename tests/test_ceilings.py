@@ -44,3 +44,29 @@ def test_a_window_far_above_the_producers_own_count_is_no_floor():
     add_verdicts(results, framework="torch")
     evidence = results["zmq-consume"]["verdict"]["evidence"]
     assert "the windows drained batches queued before them (not a rate: lengthen --steps)" in evidence, evidence
+
+
+@pytest.mark.parametrize(
+    ("module", "framework", "words"),
+    [
+        ("consumers.tf_data_service.path", "tf", "the service's workers limit: add --service-workers"),
+        ("consumers.ray_data.path", "torch", "Ray's workers limit: raise --ray-cpus"),
+        ("consumers.loader.path", "torch", "your loader limits: raise its workers"),
+        ("consumers.zmq_consume.path", "torch", "producers limit: add --producers"),
+    ],
+)
+def test_a_floor_says_how_to_raise_it_in_the_paths_own_terms(module, framework, words):
+    """The floor's words come from the path's declaration through its result's `input` block: a tf.data
+    service run limited by its workers was told to "add --producers", a flag that path does not read."""
+    import importlib
+
+    from core.config import BenchConfig
+    from core.registry import InputPath
+    from profiler.report import add_ratios, table
+
+    half = type("Half", (InputPath,), {"declaration": importlib.import_module(module).PATH, "framework": framework})
+    results = json.loads(H200.read_text())["paths"]
+    results["zmq-consume"]["input"] = half(BenchConfig()).describe()  # that path's own words on a floor
+    add_ratios(results)
+    rows = {ln.split()[0]: ln for ln in table(results, 1, True).splitlines()[2:7]}
+    assert f"≥ 37,056 ({words})" in rows["zmq-consume"], rows["zmq-consume"]

@@ -35,6 +35,7 @@ PATH = Declaration(
     in_default_run=False,
     advice=_ADVICE,
     input_advice=_ADVICE,
+    floor_words={"tf": "your loader limits: raise its parallelism", "torch": "your loader limits: raise its workers"},
     delivers_words="the loader delivers",
     validate=validate,
 )

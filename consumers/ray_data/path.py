@@ -132,6 +132,7 @@ PATH = Declaration(
     advice="the Ray Data iterator in the trainer limits (batching and formatting per step): more prefetch_batches, "
     "or feed from producers (zmq-consume)",
     input_advice="give Ray more CPUs (--ray-cpus), or other hosts' (--ray-address HOST:PORT)",
+    floor_words="Ray's workers limit: raise --ray-cpus",
     delivers_words="the Ray Data pipeline delivers",
     validate=validate,
     checks={"torch": installed},

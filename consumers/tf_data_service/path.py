@@ -92,6 +92,7 @@ PATH = Declaration(
         "add tf.data service workers (--service-workers), on other hosts once this one's cores are spent "
         "(--dispatcher grpc://HOST:PORT)"
     ),
+    floor_words="the service's workers limit: add --service-workers",
     delivers_words="the tf.data service workers deliver",
     validate=validate,
     fields=(PRODUCERS, SERVICE),
