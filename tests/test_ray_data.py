@@ -1,9 +1,10 @@
 """ray-data: a real Ray cluster (gcs_server, raylet, workers on 127.0.0.1 ports), every image delivered once.
 
 Each run starts its own cluster (the path's default): ResNet-50 on two torchrun ranks (gloo, synthetic
-images), the stand-in decoding a JPEG folder through the command line, and one run interrupted with SIGINT
-while its cluster is up. Ray is kept small
-(one CPU, 32x32 images) so the module stays within a minute or two on two cores.
+images), the stand-in decoding a JPEG folder through the command line, one run interrupted with SIGINT
+while its cluster is up, and three runs whose cluster fails under them (a task's worker or the split's
+coordinator SIGKILLed mid-run, the coordinator SIGSTOPped). Ray is kept small (one CPU, 32x32 images) so
+the module stays within a few minutes on two cores.
 """
 
 from __future__ import annotations

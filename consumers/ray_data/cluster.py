@@ -189,8 +189,9 @@ def job_id() -> str:
 
 def dead_workers(job: str) -> list[dict] | None:
     """The workers of Ray job `job` that died unasked ([{pid, ip, exit_type, detail}] in the order they died,
-    from the GCS's worker table), or None where the table cannot be read. The table is read through Ray's own state accessor: the public
-    state API (`ray.util.state`) goes through the dashboard, which the run's own cluster does not start."""
+    from the GCS's worker table), or None where the table cannot be read. It is read through Ray's own state
+    accessor: the public state API (`ray.util.state`) goes through the dashboard, which the run's own cluster
+    does not start."""
     try:
         from ray._private.state import state
         from ray.core.generated import common_pb2, gcs_pb2

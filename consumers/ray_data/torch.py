@@ -188,16 +188,19 @@ class RayData(TorchInputPath):
         """Between steps and while a step waits: rank 0 names, once each, the job's workers that died."""
         self._watch()
 
-    def _watch(self, now: bool = False) -> None:
-        if self.ctx.rank != 0 or (not now and time.monotonic() - self._watched < self.WATCH_S):
-            return
+    def _watch(self) -> None:
+        if self.ctx.rank == 0 and time.monotonic() - self._watched >= self.WATCH_S:
+            self._note(dead_workers(self.job))
+
+    def _note(self, dead: list[dict] | None) -> None:
+        """Name on the terminal, once each, the workers in `dead` not named yet."""
         self._watched = time.monotonic()
-        for d in dead_workers(self.job) or []:
+        for d in dead or []:
             if d["pid"] not in self.died:
                 self.died[d["pid"]] = d
                 print(
                     f"  warning: {PATH.name}: Ray worker {d['pid']} on {d['ip']} died mid-run ({d['exit_type']}: "
-                    f"{d['detail']}); Ray Data retries its tasks, the images it delivered are counted",
+                    f"{d['detail']}); Ray Data retries what it ran, and the result's images count what came",
                     flush=True,
                 )
 
@@ -255,8 +258,9 @@ class RayData(TorchInputPath):
         not be read; other ranks: None, the cluster's figures are rank 0's)."""
         if self.ctx.rank != 0:
             return None
-        self._watch(now=True)
-        return None if dead_workers(self.job) is None else sorted(self.died.values(), key=lambda d: d["pid"])
+        dead = dead_workers(self.job)
+        self._note(dead)
+        return None if dead is None else sorted(self.died.values(), key=lambda d: d["pid"])
 
     def _stats(self) -> str:
         try:
