@@ -1,17 +1,20 @@
 """ray-data: a real Ray cluster (gcs_server, raylet, workers on 127.0.0.1 ports), every image delivered once.
 
 Each run starts its own cluster (the path's default): ResNet-50 on two torchrun ranks (gloo, synthetic
-images), the stand-in decoding a JPEG folder through the command line, and one run interrupted with SIGINT
-while its cluster is up. Ray is kept small
-(one CPU, 32x32 images) so the module stays within a minute or two on two cores.
+images), the stand-in decoding a JPEG folder through the command line, one run interrupted with SIGINT
+while its cluster is up, and three runs whose cluster fails under them (a task's worker or the split's
+coordinator SIGKILLed mid-run, the coordinator SIGSTOPped). Ray is kept small (one CPU, 32x32 images) so
+the module stays within a few minutes on two cores.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -140,11 +143,16 @@ def test_sigint_leaves_no_ray_process_and_no_temp_folder_and_ray_listens_on_loop
     assert addresses and only_loopback(addresses), addresses
     run.send_signal(signal.SIGINT)
     assert run.wait(60) == 130
+    _nothing_left(engine, short_tmp)
+    assert token.exists() == had_token  # the run's token never went to ~/.ray
+
+
+def _nothing_left(engine: list[psutil.Process], tmp: str) -> None:
+    """No Ray process of the run's (those seen, and any naming its TMPDIR) and nothing in its TMPDIR."""
     gone, alive = psutil.wait_procs(engine, timeout=15)
     assert not alive, [p.name() for p in alive]
-    assert not [p for p in psutil.process_iter() if is_engine(p) and short_tmp in " ".join(_cmd(p))]
-    assert not left_in(short_tmp)  # no Ray session folder, no run folder
-    assert token.exists() == had_token  # the run's token never went to ~/.ray
+    assert not [p for p in psutil.process_iter() if is_engine(p) and tmp in " ".join(_cmd(p))]
+    assert not left_in(tmp)  # no Ray session folder, no run folder
 
 
 def _cmd(p: psutil.Process) -> list[str]:
@@ -212,3 +220,95 @@ def test_a_temp_folder_too_long_for_rays_sockets_is_one_line_naming_it_and_is_re
     line = str(e.value)
     assert line.startswith(f"ray-data: the temp folder {deep}/feedbench-ray-") and "set TMPDIR" in line, line
     assert "\n" not in line and not os.listdir(deep)
+
+
+MID_RUN = ["--warmup-steps", "1", "--steps", "40", "--repeats", "3"]  # ray-data's first window ends mid-run
+
+
+def _mid_run(procs, tmp: str, *extra: str) -> tuple[subprocess.Popen, list[str]]:
+    """A run whose ray-data path has delivered its first timed window (the run and its stdout so far)."""
+    run = procs.start(
+        "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
+        "--ray-cpus", "1", "--batch", "2", "--image-size", "32", *MID_RUN, *extra, env={**os.environ, "TMPDIR": tmp},
+    )  # fmt: skip
+    printed: list[str] = []
+    for line in run.stdout:
+        printed.append(line)
+        if any(ln.startswith(f"- {PATH}") for ln in printed) and "window 1/3" in line:
+            return run, printed
+    raise AssertionError(f"the run ended before its first ray-data window: {run.stderr.read()[-3000:]}")
+
+
+def _worker(run, named: tuple[str, ...], deadline: float) -> psutil.Process:
+    """The run's Ray worker whose process title names one of `named` (the task or actor it is running)."""
+    while True:
+        for p in descendants(run.pid):
+            try:
+                if p.name().startswith("ray::") and any(n in p.name() for n in named):
+                    return p
+            except psutil.Error:
+                continue
+        assert run.poll() is None, f"the run ended with no Ray worker running {named}"
+        assert time.monotonic() < deadline, f"no Ray worker running {named}"
+        time.sleep(0.05)
+
+
+def test_a_ray_worker_killed_mid_run_is_named_and_the_run_counts_every_image(procs, short_tmp, tmp_path):
+    """A worker running the pipeline's tasks, SIGKILLed: Ray retries its task, the run goes on and says so."""
+    out = tmp_path / "r.json"
+    run, printed = _mid_run(procs, short_tmp, "--json", str(out))
+    worker = _worker(run, ("ReadRange", "MapBatches"), time.monotonic() + 60)
+    engine = [p for p in descendants(run.pid) if is_engine(p)]
+    worker.kill()
+    stdout, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    assert f"warning: ray-data: Ray worker {worker.pid} on 127.0.0.1 died mid-run (SYSTEM_ERROR: " in stdout, stdout
+    r = json.loads(out.read_text())["paths"][PATH]
+    assert [(d["pid"], d["ip"], d["exit_type"]) for d in r["ray"]["workers_died"]] == [
+        (worker.pid, "127.0.0.1", "SYSTEM_ERROR")
+    ]
+    images = r["images"]  # every batch the steps took counted, each image once or said twice
+    assert images["received"] == 2 * (1 + 3 * 40) == images["distinct"] + images["duplicated"], images
+    _nothing_left(engine, short_tmp)
+
+
+def _gcs_ports(engine: list[psutil.Process]) -> set[int]:
+    gcs = [p for p in engine if p.name() == "gcs_server"]
+    return {c.laddr.port for p in gcs for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+
+
+def test_the_splits_coordinator_killed_mid_run_ends_the_run_in_one_line_naming_the_worker(procs, short_tmp):
+    run, _ = _mid_run(procs, short_tmp)
+    coordinator = _worker(run, ("SplitCoordinator",), time.monotonic() + 60)
+    engine = [p for p in descendants(run.pid) if is_engine(p)]
+    ports = _gcs_ports(engine)
+    coordinator.kill()
+    stdout, err = run.communicate(timeout=120)
+    assert run.returncode != 0
+    line = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(line) == 1, err[-3000:]
+    m = re.fullmatch(
+        rf"error: ray-data: Ray worker {coordinator.pid} on 127\.0\.0\.1 \(SplitCoordinator\) of the cluster at "
+        r"127\.0\.0\.1:(\d+) died \(SYSTEM_ERROR: .+\)",
+        line[0],
+    )
+    assert m and int(m[1]) in ports, (line[0], ports)
+    _nothing_left(engine, short_tmp)
+
+
+def test_a_hung_cluster_ends_the_run_at_the_receive_timeout_in_one_line_naming_it(procs, short_tmp):
+    """The split's coordinator stopped (SIGSTOP) as soon as it is there: no rank gets a batch any more."""
+    run = procs.start(
+        "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
+        "--ray-cpus", "1", *SMALL, "--recv-timeout", "5", env={**os.environ, "TMPDIR": short_tmp},
+    )  # fmt: skip
+    coordinator = _worker(run, ("SplitCoordinator",), time.monotonic() + 240)
+    coordinator.suspend()
+    engine = [p for p in descendants(run.pid) if is_engine(p)]
+    ports = _gcs_ports(engine)
+    stdout, err = run.communicate(timeout=120)
+    assert run.returncode != 0
+    line = [ln for ln in err.splitlines() if ln.strip()]
+    m = re.fullmatch(r"error: ray-data: no batch from the Ray cluster at 127\.0\.0\.1:(\d+) within 5 s", line[-1])
+    assert m and int(m[1]) in ports and len(line) == 1, (err[-3000:], ports)
+    _nothing_left(engine, short_tmp)  # the stopped coordinator killed with the rest

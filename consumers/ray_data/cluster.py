@@ -175,6 +175,44 @@ class RayCluster:
             self.temp_dir = None
 
 
+# Why a worker ended, as the GCS records it (WorkerExitType): these two are the cluster's own doing (an idle
+# worker let go, a job's workers at its end); any other is a death the run did not ask for.
+_INTENDED = ("INTENDED_SYSTEM_EXIT", "INTENDED_USER_EXIT")
+
+
+def job_id() -> str:
+    """This driver's Ray job, hex: the tasks and actors of the pipeline it builds run under it."""
+    import ray
+
+    return ray.get_runtime_context().get_job_id()
+
+
+def dead_workers(job: str) -> list[dict] | None:
+    """The workers of Ray job `job` that died unasked ([{pid, ip, exit_type, detail}] in the order they died,
+    from the GCS's worker table), or None where the table cannot be read. It is read through Ray's own state
+    accessor: the public state API (`ray.util.state`) goes through the dashboard, which the run's own cluster
+    does not start."""
+    try:
+        from ray._private.state import state
+        from ray.core.generated import common_pb2, gcs_pb2
+
+        table = state._connect_and_get_accessor().get_worker_table()
+        exit_name = common_pb2.WorkerExitType.Name
+        out = []
+        for raw in table:
+            w = gcs_pb2.WorkerTableData.FromString(raw)
+            why = exit_name(w.exit_type) if w.HasField("exit_type") else "SYSTEM_ERROR"
+            if w.is_alive or w.worker_type != common_pb2.WORKER or w.job_id.hex() != job or why in _INTENDED:
+                continue
+            detail = w.exit_detail.strip().split(". ")[0].rstrip(".")
+            out.append(
+                (w.end_time_ms, {"pid": w.pid, "ip": w.worker_address.ip_address, "exit_type": why, "detail": detail})
+            )
+        return [d for _, d in sorted(out, key=lambda x: x[0])]
+    except Exception:  # a Ray whose internals moved: the run goes on without this figure
+        return None
+
+
 def process_use(first: dict[str, float | None], last: dict[str, float | None], dt: float) -> dict:
     """The head's servers' and each worker's CPU cores between two `server_cpu` readings `dt` seconds apart,
     and whether more Ray CPUs would help (the workers' business, as runner/data_service.py reads it)."""

@@ -89,10 +89,10 @@ RAY = ResultField(
     {
         "type": "object",
         "description": "ray-data: the Ray cluster (its GCS address, whether the run started it and with how many "
-        "CPUs), how the ranks iterated (iter_batches, each batch pinned and copied by feeders/device_copy.py), "
-        "the Ray processes' CPU cores over the timed steps (the head's servers, each worker) and whether more "
-        "would help, and Ray Data's own stats() per operator; per rank, the images/s its split delivered and "
-        "its iterator's time breakdown",
+        "CPUs), how the ranks iterated (iter_batches on a prefetch thread, each batch pinned and copied by "
+        "feeders/device_copy.py), the Ray processes' CPU cores over the timed steps (the head's servers, each "
+        "worker) and whether more would help, the workers that died mid-run, and Ray Data's own stats() per "
+        "operator; per rank, the images/s its split delivered and its iterator's time breakdown",
         "required": ["address", "started_here", "iterator", "ranks"],
         "properties": {
             "address": {"type": "string"},
@@ -104,6 +104,12 @@ RAY = ResultField(
             "head_cpu_cores": {"$ref": "#/$defs/number_or_null"},
             "workers": {"type": "array", "items": {"type": "object", "required": ["worker", "cpu_cores"]}},
             "more_workers": {"type": ["string", "null"]},
+            "workers_died": {
+                "type": ["array", "null"],
+                "description": "the workers of rank 0's Ray job that died unasked during the run (Ray retried "
+                "their tasks), from the GCS's worker table; null where it could not be read",
+                "items": {"type": "object", "required": ["pid", "ip", "exit_type", "detail"]},
+            },
             "operators": {"type": "array", "items": _OPERATOR},
             "ranks": {
                 "type": "array",

@@ -13,24 +13,32 @@ it imports `ray.train`, which needs more than `ray[data]`: one device copy
 for every path is what makes their figures comparable.) Each image's
 sequence number is counted on the rank whose step took it, so the result
 shows every image came once.
+
+The split is iterated on a thread (feeders/torch.py `Prefetcher`), so a step
+waits for each batch at most --recv-timeout: a cluster that stops delivering
+ends the run with one line naming its address. Rank 0 watches the GCS for
+workers of its job that die (Ray retries their tasks): each is named once
+on the terminal and in the result, beside the images counted.
 """
 
 from __future__ import annotations
 
-import warnings
+import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from consumers.ray_data import pipeline, stats
-from consumers.ray_data.cluster import RayCluster
+from consumers.ray_data.cluster import RayCluster, dead_workers, job_id
 from consumers.ray_data.path import PATH, merge_ranges
 from consumers.torch_half import RankContext, TorchInputPath, labels_of
 from core.errors import InputError
 from core.images.files import DatasetError
 from core.registry import register
-from feeders.device_copy import SideCopy
+from feeders.torch import Prefetcher
 from runner import shutdown
 
 
@@ -42,7 +50,7 @@ class Seen:
         self.received = 0
         self.ranges: list[list[int]] = []
 
-    def add(self, seq: torch.Tensor) -> None:
+    def add(self, seq: np.ndarray) -> None:
         for v in seq.tolist():
             self.received += 1
             if self.ranges and self.ranges[-1][1] == v:
@@ -61,20 +69,27 @@ class RayData(TorchInputPath):
     declaration = PATH
 
     cluster: RayCluster | None = None
-    batches: Iterator | None = None
+    prefetch: Prefetcher | None = None
+    WATCH_S = 2.0  # rank 0 reads the GCS's worker table at most this often
 
     def open(self, ctx: RankContext) -> None:
         super().open(ctx)
         cfg = self.cfg
-        self.cuda = ctx.device.type == "cuda"
-        self.copier = SideCopy(ctx.device)
         self.seen = Seen()
+        self.seqs: deque[np.ndarray] = deque()  # the queued batches' sequence numbers, in the queue's order
         self.taken = 0
         self.batch_bytes = cfg.batch * (cfg.image_size * cfg.image_size * 3 + 4 + 8)  # images, labels, seqs
         self._window: tuple[dict, dict] | None = None
+        self.died: dict[int, dict] = {}  # rank 0: the job's workers that died, by process id
+        self._watched = 0.0
+        self.hung = False  # a batch did not come within --recv-timeout: the cluster is killed, not asked to stop
         shutdown.register(self._killed)
         split = self._connect()  # before anything imports ray: the cluster's settings are read at its import
-        self.batches = self._iterate(split)
+        self.split = split
+        self.prefetch = Prefetcher(
+            lambda: self._iterate(split), ctx.device, depth=1, timeout=cfg.recv_timeout, name="feedbench-ray-data",
+            check=self._watch,
+        )  # fmt: skip
 
     def _connect(self) -> Any:
         """This rank's split: rank 0 makes the cluster and the splits, and sends the others theirs."""
@@ -94,7 +109,7 @@ class RayData(TorchInputPath):
             raise InputError(got["error"] if ctx.rank == 0 else f"rank 0 could not start Ray Data: {got['error']}")
         if ctx.rank != 0:
             self.cluster = RayCluster.join(got["address"], got["token"], got["started_here"])
-        self.rows = got["rows"]
+        self.rows, self.job = got["rows"], got["job"]
         import ray.cloudpickle as pickle
 
         return pickle.loads(got["splits"][ctx.rank])
@@ -120,48 +135,77 @@ class RayData(TorchInputPath):
         c = self.cluster
         return {
             "address": c.address, "token": c.token, "started_here": c.started_here, "rows": self.rows,
-            "splits": [pickle.dumps(s) for s in self.splits],
+            "job": job_id(), "splits": [pickle.dumps(s) for s in self.splits],
         }  # fmt: skip
 
-    def _iterate(self, split: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """(images, labels, seqs) on the host, pinned on a GPU; a new pass over the split when one ends."""
+    def _iterate(self, split: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(images, labels) as Ray hands them (their sequence numbers queued aside); a new pass over the split
+        when one ends. Runs on the prefetch thread."""
         cfg = self.cfg
-        self.split = split
         kw = {"batch_size": cfg.batch, "prefetch_batches": cfg.ray_prefetch, "drop_last": True}
         passes = 0
         while True:
-            batches = (self._tensors(b) for b in split.iter_batches(batch_format="numpy", **kw))
             empty = True
-            for b in batches:
+            for b in split.iter_batches(batch_format="numpy", **kw):
                 empty = False
-                yield b["image"], b["label"], b["seq"] + passes * self.rows
+                self.seqs.append(b["seq"] + passes * self.rows)
+                yield b["image"], b["label"]
             if empty:
                 raise InputError(f"{PATH.name}: the split gave rank {self.ctx.rank} no batch")
             passes += 1
 
-    def _tensors(self, b: dict) -> dict:
-        """A numpy batch as tensors, pinned on a GPU (the side-stream copy reads pinned memory only).
-
-        Ray hands out read-only views of its blocks; nothing here writes to them, so torch's warning about
-        a non-writable array is silenced rather than paid for with a copy.
-        """
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            out = {k: torch.from_numpy(v) for k, v in b.items()}
-        return {k: v.pin_memory() for k, v in out.items()} if self.cuda else out
-
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels, seq = next(self.batches)
-        self.seen.add(seq)
+        try:
+            images, labels = self.prefetch.next()
+        except TimeoutError:
+            self.hung = True
+            raise InputError(
+                f"no batch from the Ray cluster at {self.cluster.address} within {self.cfg.recv_timeout:g} s"
+            ) from None
+        except Exception as e:
+            raise self._died(e) from e
+        self.seen.add(self.seqs.popleft())
         self.taken += 1
-        pending = self.copier.start([images, labels])
-        images, labels = self.copier.hand_over(pending)
         return images, labels_of(labels)
+
+    def _died(self, e: Exception) -> Exception:
+        """A Ray worker's death that ended the iteration, as one line naming the worker; any other error as is."""
+        from ray.exceptions import RayActorError, WorkerCrashedError
+
+        if not isinstance(e, (RayActorError, WorkerCrashedError)):
+            return e
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
+        said = dict(ln.split(": ", 1) for ln in lines[1:] if ln.split(": ", 1)[0] in ("pid", "ip", "class_name"))
+        pid = said.get("pid")  # the actor's own process, where Ray's error names it
+        known = [d for d in dead_workers(self.job) or [] if pid is None or str(d["pid"]) == pid]
+        d = known[-1] if known else None  # the last to die, where the error names none
+        who = f"{d['pid']} on {d['ip']}" if d else f"{pid or '(pid unknown)'} on {said.get('ip', '(host unknown)')}"
+        role = f" ({said['class_name']})" if "class_name" in said else ""
+        why = f"{d['exit_type']}: {d['detail']}" if d else lines[0]
+        return InputError(f"Ray worker {who}{role} of the cluster at {self.cluster.address} died ({why})")
+
+    def check(self) -> None:
+        """Between steps and while a step waits: rank 0 names, once each, the job's workers that died."""
+        self._watch()
+
+    def _watch(self) -> None:
+        if self.ctx.rank == 0 and time.monotonic() - self._watched >= self.WATCH_S:
+            self._note(dead_workers(self.job))
+
+    def _note(self, dead: list[dict] | None) -> None:
+        """Name on the terminal, once each, the workers in `dead` not named yet."""
+        self._watched = time.monotonic()
+        for d in dead or []:
+            if d["pid"] not in self.died:
+                self.died[d["pid"]] = d
+                print(
+                    f"  warning: {PATH.name}: Ray worker {d['pid']} on {d['ip']} died mid-run ({d['exit_type']}: "
+                    f"{d['detail']}); Ray Data retries what it ran, and the result's images count what came",
+                    flush=True,
+                )
 
     # --- the stage contract: raw state -------------------------------------------------------------------------
     def counters(self) -> dict:
-        import time
-
         return {
             "time": time.perf_counter(),
             "messages": self.taken,
@@ -194,10 +238,11 @@ class RayData(TorchInputPath):
             "cpus": cfg.ray_cpus if c is not None and c.started_here else None,
             "iterator": "iter_batches",
             "prefetch_batches": cfg.ray_prefetch,
-            "pin_memory": self.cuda,
+            "pin_memory": self.ctx.device.type == "cuda",  # the prefetcher's ring of host buffers
             "operators": stats.operators(text),
             "iterator_stats": stats.iterator(text),
             "images_per_sec": None,
+            "workers_died": self._died_in_run(),
         }
         if self._window is not None:
             w0, w1 = self._window
@@ -207,6 +252,15 @@ class RayData(TorchInputPath):
             if w0["ray_cpu"]:
                 out.update(process_use(w0["ray_cpu"], w1["ray_cpu"], dt))
         return out
+
+    def _died_in_run(self) -> list[dict] | None:
+        """Rank 0: the job's workers that died, each named on the terminal by now (None: the GCS's table could
+        not be read; other ranks: None, the cluster's figures are rank 0's)."""
+        if self.ctx.rank != 0:
+            return None
+        dead = dead_workers(self.job)
+        self._note(dead)
+        return None if dead is None else sorted(self.died.values(), key=lambda d: d["pid"])
 
     def _stats(self) -> str:
         try:
@@ -225,7 +279,9 @@ class RayData(TorchInputPath):
         """Leave the cluster once every rank is done with it; rank 0 then stops its own."""
         import torch.distributed as dist
 
-        self.batches = None
+        if self.prefetch is not None:
+            self.prefetch.close()  # a thread still waiting on a hung cluster is left to the kill below
+            self.prefetch = None
         self.split = None
         if dist.is_initialized() and self.ctx.world > 1 and not shutdown.stopping():
             try:
@@ -234,7 +290,7 @@ class RayData(TorchInputPath):
                 pass
         self.splits = None
         if self.cluster is not None:
-            self.cluster.stop()
+            self.cluster.kill() if self.hung else self.cluster.stop()  # ray.shutdown could wait on it too
             self.cluster = None
         shutdown.unregister(self._killed)
 
