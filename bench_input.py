@@ -266,6 +266,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--ray-prefetch", type=positive_int, default=BenchConfig.ray_prefetch,
         help="ray-data: batches each rank's iterator fetches ahead (iter_batches' prefetch_batches)",
     )  # fmt: skip
+    g.add_argument(
+        "--ray-block-batches", type=positive_int, default=BenchConfig.ray_block_batches, metavar="N",
+        help="ray-data: batches per block of the pipeline; each block is one Ray task, whose overhead (tens of ms "
+        "on a small host) it shares (default %(default)s)",
+    )  # fmt: skip
 
 
 def _add_machine_flags(p: argparse.ArgumentParser) -> None:

@@ -86,6 +86,7 @@ class BenchConfig:
     ray_cpus: int = 2  # --ray-cpus: CPUs of the ray-data path's own Ray cluster
     ray_address: str | None = None  # --ray-address HOST:PORT: an existing Ray cluster (starts nothing)
     ray_prefetch: int = 2  # --ray-prefetch: batches each rank's Ray Data iterator fetches ahead
+    ray_block_batches: int = 8  # --ray-block-batches: batches per block of the ray-data pipeline (one Ray task each)
     real_data: bool = False  # --real-data: every way to feed the model from --data, and the cores each needs
     # --interleave N: each path again in N runs alternating with the baseline (harness/interleave.py); None:
     # INTERLEAVE_GPU where a GPU is used, else 0 (apply_defaults)

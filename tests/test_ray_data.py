@@ -95,7 +95,7 @@ def test_the_stand_in_decodes_a_folder_from_the_command_line_and_matches_the_sch
     run = procs.start(
         "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
         "--ray-cpus", "1", "--producer-kind", "decode", "--data", str(tmp_path / "data"), *SMALL,
-        "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
+        "--ray-block-batches", "3", "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
     )  # fmt: skip
     stdout, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-3000:]
@@ -105,6 +105,9 @@ def test_the_stand_in_decodes_a_folder_from_the_command_line_and_matches_the_sch
     _delivered_once(r, 1)
     assert r["ratio_to_baseline"] > 0 and 0 <= r["telemetry"]["input_wait_share"] <= 1
     assert any("decoded_rows" in op["name"] for op in r["ray"]["operators"])
+    # Blocks of 3 batches of 2: 7 batches needed (3 steps, 2 prefetched, a spare) make 3 blocks of 6 rows.
+    read = next(op for op in r["ray"]["operators"] if op["name"] == "ReadRange")
+    assert r["ray"]["block_batches"] == 3 and "6 max" in read["figures"]["Output num rows per block"], read
     assert not left_in(short_tmp)  # the cluster's temp folder is gone with it
 
 

@@ -100,6 +100,7 @@ RAY = ResultField(
             "cpus": {"type": ["integer", "null"]},
             "iterator": {"type": "string"},
             "prefetch_batches": {"type": "integer"},
+            "block_batches": {"type": "integer", "description": "--ray-block-batches: batches per block (Ray task)"},
             "pin_memory": {"type": "boolean"},
             "head_cpu_cores": {"$ref": "#/$defs/number_or_null"},
             "workers": {"type": "array", "items": {"type": "object", "required": ["worker", "cpu_cores"]}},

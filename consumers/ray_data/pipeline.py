@@ -5,8 +5,11 @@ out as the synthetic producers lay out theirs (producers/synthetic.py: pool
 batch k mod POOL is a rotation of a few cached random tiles, each with its own
 label), so a model learns the same labels whichever path feeds it. Each row
 carries its sequence number (`seq` = i) through the pipeline, and the ranks
-count every image that reaches a step once. One block is one batch: a block is
-what a Ray task makes and what the split hands a rank.
+count every image that reaches a step once. A block holds --ray-block-batches
+batches: it is what a Ray task makes and what the split hands a rank, and each
+costs Ray's per-task overhead (about 30-50 ms on a 2-core host: at one batch a
+block, 47 ms a batch, which capped a cheap pipeline far below what Ray Data
+gives with blocks of 8 batches, 10 ms).
 
 With --producer-kind decode, row i is file i mod n of the folder (core/images/files.py's order), read and
 decoded by the decode producers' default decoder (core/images/decoders.py: the random-resized crop, flip
@@ -61,14 +64,16 @@ def decoded_rows(
     return {"image": images, "label": np.asarray([labels[s % len(files)] for s in seq.tolist()], np.int32), "seq": seq}
 
 
-def rows_needed(batches: int, batch: int, world: int, prefetch: int) -> int:
-    """Rows for one pass that covers the run: every rank's batches, what its iterator prefetches, and a spare."""
-    return world * batch * (batches + prefetch + 2)
+def rows_needed(batches: int, batch: int, world: int, prefetch: int, block_batches: int) -> int:
+    """Rows for one pass that covers the run: every rank's batches, what its iterator prefetches, and a spare,
+    in whole blocks of `block_batches` batches."""
+    need = world * (batches + prefetch + 2)
+    return batch * block_batches * -(-need // block_batches)
 
 
-def dataset(rows: int, batch: int, size: int, data: str | None = None) -> Any:
-    """The dataset: `rows` images (synthetic, or decoded from the folder `data`), a batch per block, made by Ray
-    tasks as the ranks take them."""
+def dataset(rows: int, batch: int, size: int, data: str | None, block_batches: int) -> Any:
+    """The dataset: `rows` images (synthetic, or decoded from the folder `data`), `block_batches` batches a
+    block, made by Ray tasks as the ranks take them."""
     import os
 
     import ray.data
@@ -78,7 +83,7 @@ def dataset(rows: int, batch: int, size: int, data: str | None = None) -> Any:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the run's own progress line is the one on the terminal
     ctx.print_on_execution_start = False
-    source = ray.data.range(rows, override_num_blocks=max(1, rows // batch))
+    source = ray.data.range(rows, override_num_blocks=max(1, rows // (batch * block_batches)))
     if data is None:
         make = functools.partial(synthetic_rows, batch=batch, size=size)
     else:  # listed once, here; the workers read the files at the same absolute path

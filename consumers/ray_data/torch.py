@@ -125,10 +125,10 @@ class RayData(TorchInputPath):
         import ray.cloudpickle as pickle  # after the cluster: its settings are read when ray is imported
 
         batches = cfg.warmup_steps + cfg.steps * cfg.repeats
-        self.rows = pipeline.rows_needed(batches, cfg.batch, ctx.world, cfg.ray_prefetch)
+        self.rows = pipeline.rows_needed(batches, cfg.batch, ctx.world, cfg.ray_prefetch, cfg.ray_block_batches)
         data = cfg.data if cfg.producer_kind == "decode" else None
         try:
-            ds = pipeline.dataset(self.rows, cfg.batch, cfg.image_size, data)
+            ds = pipeline.dataset(self.rows, cfg.batch, cfg.image_size, data, cfg.ray_block_batches)
         except DatasetError as e:
             raise InputError(f"{PATH.name}: {e}") from None
         self.splits = ds.streaming_split(ctx.world, equal=True)  # kept: rank 0 owns the split's coordinator
@@ -238,6 +238,7 @@ class RayData(TorchInputPath):
             "cpus": cfg.ray_cpus if c is not None and c.started_here else None,
             "iterator": "iter_batches",
             "prefetch_batches": cfg.ray_prefetch,
+            "block_batches": cfg.ray_block_batches,
             "pin_memory": self.ctx.device.type == "cuda",  # the prefetcher's ring of host buffers
             "operators": stats.operators(text),
             "iterator_stats": stats.iterator(text),
