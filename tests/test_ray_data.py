@@ -154,6 +154,34 @@ def test_a_loader_that_is_not_map_style_is_refused_in_one_line_before_ray_starts
     assert not left_in(short_tmp)
 
 
+def test_a_sample_the_model_cannot_take_or_that_raises_is_one_line_naming_the_loader_and_the_sample():
+    """What an actor reads for a row (consumers/ray_data/loader_rows.py `read`), without Ray: sample seq mod len."""
+    import numpy as np
+
+    from consumers.ray_data.loader_rows import read
+    from core.loader_spec import LoaderError
+
+    class Samples:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int):
+            if i == 2:
+                raise ValueError("corrupt record 2")
+            return (np.zeros((8, 8, 3), np.uint8) if i == 0 else np.zeros((3, 8, 8), np.uint8)), i
+
+    image, label = read(Samples(), "my.py:make", 3, 6, 8)  # row 6: sample 0
+    assert image.shape == (8, 8, 3) and label == 0
+    for seq, line in [
+        (4, "loader my.py:make: sample 1: images are NCHW (1, 3, 8, 8); the model takes NHWC: x.permute(1, 2, 0) "
+         "in a per-sample transform, x.permute(0, 2, 3, 1) on a batch (numpy: transpose with the same axes)"),
+        (5, "loader my.py:make: sample 2 raised ValueError: corrupt record 2"),
+    ]:  # fmt: skip
+        with pytest.raises(LoaderError) as e:
+            read(Samples(), "my.py:make", 3, seq, 8)
+        assert str(e.value) == line
+
+
 def _wait_for_cluster(run, deadline: float) -> list[psutil.Process]:
     """The run's Ray processes once its raylet has a worker running the pipeline."""
     while True:
