@@ -188,14 +188,14 @@ def needs_data(cfg: Any, path: str) -> None:
         )
 
 
-def needs_own_work(cfg: Any, path: str, who: str, loader: bool = False) -> None:
+def needs_own_work(cfg: Any, path: str, who: str, loader: str = "") -> None:
     """Refuse a path whose engine (`who`: "its pipeline does", "its workers run") does the producers' work itself
     when the run asks for other producers: only synthetic images, or decoding --data (which must name a folder),
-    or (`loader`: the engine runs one) the user's --loader, which the caller checks."""
+    or (`loader`: what of one the engine runs, "tf.data pipeline") the user's --loader, which the caller checks."""
     kind = cfg.producer_kind
     if kind not in ("synthetic", "decode"):
         what = "--loader" if kind == "loader" else f"--producer-kind {kind}"
-        also = ", or your --loader's tf.data pipeline" if loader else ""
+        also = f", or your --loader's {loader}" if loader else ""
         raise ConfigError(
             f"--fake-location {path} with {what}: {who} synthetic or decode work (--producer-kind synthetic|decode)"
             f"{also}"

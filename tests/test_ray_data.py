@@ -111,6 +111,80 @@ def test_the_stand_in_decodes_a_folder_from_the_command_line_and_matches_the_sch
     assert not left_in(short_tmp)  # the cluster's temp folder is gone with it
 
 
+LOADER = "examples/torchvision_imagefolder.py"
+
+
+def test_the_stand_in_reads_a_map_style_loader_in_ray_actors_and_every_image_comes_once(procs, short_tmp, tmp_path):
+    """--loader's Dataset (an ImageFolder) read by index in the pipeline's actors, from another folder."""
+    from producers.dataset import make_dataset
+
+    make_dataset(tmp_path / "data", classes=2, per_class=2, seed=1)
+    out = tmp_path / "r.json"
+    run = procs.start(
+        "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
+        "--ray-cpus", "1", "--loader", f"{LOADER}:make_dataset", "--loader-arg", f"data={tmp_path / 'data'}",
+        *SMALL, "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
+    )  # fmt: skip
+    stdout, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    doc = json.loads(out.read_text())
+    check_report(doc)
+    r = doc["paths"][PATH]
+    _delivered_once(r, 1)  # 6 images of a 4-image dataset: sequence numbers, not samples, are counted
+    assert any("MapBatches(LoaderRows)" in op["name"] for op in r["ray"]["operators"]), r["ray"]["operators"]
+    assert f"running loader {LOADER}:make_dataset" in r["input"]["batch_maker"]["name"]
+    assert not left_in(short_tmp)
+
+
+def test_a_loader_that_is_not_map_style_is_refused_in_one_line_before_ray_starts(procs, short_tmp, tmp_path):
+    from producers.dataset import make_dataset
+
+    make_dataset(tmp_path / "data", classes=2, per_class=1, seed=1)
+    run = procs.start(
+        "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
+        "--loader", f"{LOADER}:make_loader", "--loader-arg", f"data={tmp_path / 'data'}", "--loader-arg",
+        "num_workers=0", *SMALL, env={**os.environ, "TMPDIR": short_tmp},
+    )  # fmt: skip
+    stdout, err = run.communicate(timeout=120)
+    assert run.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == [
+        f"error: {PATH}: loader {Path(__file__).parent.parent / LOADER}:make_loader: it returns a torch DataLoader; "
+        "Ray Data hands its tasks rows by index, so --fake-location ray-data needs samples by index: return a "
+        "map-style dataset (__getitem__ and __len__, e.g. the Dataset behind your DataLoader), or run this loader as "
+        "producers (--fake-location zmq-consume) or inside the trainer (--fake-location loader)"
+    ], err[-3000:]
+    assert not left_in(short_tmp)
+
+
+def test_a_sample_the_model_cannot_take_or_that_raises_is_one_line_naming_the_loader_and_the_sample():
+    """What an actor reads for a row (consumers/ray_data/loader_rows.py `read`), without Ray: sample seq mod len."""
+    import numpy as np
+
+    from consumers.ray_data.loader_rows import read
+    from core.loader_spec import LoaderError
+
+    class Samples:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int):
+            if i == 2:
+                raise ValueError("corrupt record 2")
+            return (np.zeros((8, 8, 3), np.uint8) if i == 0 else np.zeros((3, 8, 8), np.uint8)), i
+
+    image, label = read(Samples(), "my.py:make", 3, 6, 8)  # row 6: sample 0
+    assert image.shape == (8, 8, 3) and label == 0
+    for seq, line in [
+        (4, "loader my.py:make: sample 1: images are NCHW (1, 3, 8, 8); the model takes NHWC: x.permute(1, 2, 0) "
+         "in a per-sample transform, x.permute(0, 2, 3, 1) on a batch (numpy: transpose with the same axes)"),
+        (5, "loader my.py:make: sample 2 raised ValueError: corrupt record 2"),
+    ]:  # fmt: skip
+        with pytest.raises(LoaderError) as e:
+            read(Samples(), "my.py:make", 3, seq, 8)
+        assert str(e.value) == line
+
+
 def _wait_for_cluster(run, deadline: float) -> list[psutil.Process]:
     """The run's Ray processes once its raylet has a worker running the pipeline."""
     while True:
@@ -169,7 +243,7 @@ def _cmd(p: psutil.Process) -> list[str]:
     "kw, line",
     [
         ({"producer_kind": "read"}, "--fake-location ray-data with --producer-kind read: its pipeline does synthetic "
-         "or decode work (--producer-kind synthetic|decode)"),
+         "or decode work (--producer-kind synthetic|decode), or your --loader's map-style dataset"),
         ({"producer_kind": "decode"}, "--fake-location ray-data needs --data DIR, a JPEG folder (make one: python -m "
          "producers make-dataset DIR)"),
         ({"ray_address": "nohost"}, "--ray-address nohost: expected HOST:PORT (a Ray head's GCS address)"),

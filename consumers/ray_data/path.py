@@ -15,8 +15,10 @@ NAME = "ray-data"
 
 
 def validate(cfg: Any) -> None:
-    """The producers' synthetic or decode work, and --ray-address reachable when given."""
-    needs_own_work(cfg, NAME, "its pipeline does")
+    """The producers' synthetic or decode work (or a --loader, checked when the pipeline is built:
+    consumers/ray_data/loader_rows.py), and --ray-address reachable when given."""
+    if cfg.producer_kind != "loader":
+        needs_own_work(cfg, NAME, "its pipeline does", loader="map-style dataset")
     if cfg.ray_address:
         from consumers.ray_data.cluster import check_address
 

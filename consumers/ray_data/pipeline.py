@@ -15,6 +15,9 @@ With --producer-kind decode, row i is file i mod n of the folder (core/images/fi
 decoded by the decode producers' default decoder (core/images/decoders.py: the random-resized crop, flip
 and resize in one call), its augmentation drawn from the row's own sequence number. A file that cannot be
 decoded stops the run with Ray's error naming it, as the producers' `--on-bad-file fail` does.
+
+With --loader, row i is sample i mod n of the user's map-style dataset, read in a pool of actors
+(consumers/ray_data/loader_rows.py).
 """
 
 from __future__ import annotations
@@ -71,19 +74,30 @@ def rows_needed(batches: int, batch: int, world: int, prefetch: int, block_batch
     return batch * block_batches * -(-need // block_batches)
 
 
-def dataset(rows: int, batch: int, size: int, data: str | None, block_batches: int) -> Any:
-    """The dataset: `rows` images (synthetic, or decoded from the folder `data`), `block_batches` batches a
-    block, made by Ray tasks as the ranks take them."""
+def dataset(
+    rows: int, batch: int, size: int, data: str | None, block_batches: int, loader: Any = None, actors: int = 1
+) -> Any:
+    """The dataset: `rows` images (synthetic, decoded from the folder `data`, or read from the map-style dataset
+    of `loader`, a checked LoaderSpec, by up to `actors` actors), `block_batches` batches a block, made by Ray
+    as the ranks take them."""
     import os
 
     import ray.data
 
+    from consumers.ray_data.loader_rows import LoaderRows, run_paths
     from core.images.files import list_images
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the run's own progress line is the one on the terminal
     ctx.print_on_execution_start = False
     source = ray.data.range(rows, override_num_blocks=max(1, rows // (batch * block_batches)))
+    if loader is not None:  # one copy of the user's dataset per actor (consumers/ray_data/loader_rows.py)
+        kw = {"spec": loader, "size": size, "batch": batch, "paths": run_paths()}
+        pool = ray.data.ActorPoolStrategy(min_size=1, max_size=actors)
+        # No CPU reserved: actors holding every CPU of the cluster would leave none for the range's tasks.
+        return source.map_batches(
+            LoaderRows, fn_constructor_kwargs=kw, compute=pool, num_cpus=0, batch_size=batch, batch_format="numpy"
+        )
     if data is None:
         make = functools.partial(synthetic_rows, batch=batch, size=size)
     else:  # listed once, here; the workers read the files at the same absolute path

@@ -33,6 +33,7 @@ import torch
 
 from consumers.ray_data import pipeline, stats
 from consumers.ray_data.cluster import RayCluster, dead_workers, job_id
+from consumers.ray_data.loader_rows import checked_spec, loader_error
 from consumers.ray_data.path import PATH, merge_ranges
 from consumers.torch_half import RankContext, TorchInputPath, labels_of
 from core.errors import InputError
@@ -117,6 +118,7 @@ class RayData(TorchInputPath):
     def _start_and_split(self) -> dict:
         """Rank 0: the cluster started (or joined), the dataset built and split across the ranks."""
         cfg, ctx = self.cfg, self.ctx
+        loader = checked_spec(cfg) if cfg.producer_kind == "loader" else None  # refused before Ray starts
         if cfg.ray_address:
             self.cluster = RayCluster.join(cfg.ray_address, None)
         else:
@@ -128,7 +130,9 @@ class RayData(TorchInputPath):
         self.rows = pipeline.rows_needed(batches, cfg.batch, ctx.world, cfg.ray_prefetch, cfg.ray_block_batches)
         data = cfg.data if cfg.producer_kind == "decode" else None
         try:
-            ds = pipeline.dataset(self.rows, cfg.batch, cfg.image_size, data, cfg.ray_block_batches)
+            ds = pipeline.dataset(
+                self.rows, cfg.batch, cfg.image_size, data, cfg.ray_block_batches, loader, cfg.ray_cpus
+            )
         except DatasetError as e:
             raise InputError(f"{PATH.name}: {e}") from None
         self.splits = ds.streaming_split(ctx.world, equal=True)  # kept: rank 0 owns the split's coordinator
@@ -169,9 +173,12 @@ class RayData(TorchInputPath):
         return images, labels_of(labels)
 
     def _died(self, e: Exception) -> Exception:
-        """A Ray worker's death that ended the iteration, as one line naming the worker; any other error as is."""
+        """A Ray worker's death that ended the iteration, as one line naming the worker; the user's loader's error
+        raised in a worker, as its own line; any other error as is."""
         from ray.exceptions import RayActorError, WorkerCrashedError
 
+        if (theirs := loader_error(e)) is not None:
+            return theirs
         if not isinstance(e, (RayActorError, WorkerCrashedError)):
             return e
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
@@ -273,7 +280,8 @@ class RayData(TorchInputPath):
         """Who makes the batches: the Ray cluster's workers, for the verdict's advice when they limit."""
         out = super().describe()
         where = f"the run's own, {self.cfg.ray_cpus} CPUs" if not self.cfg.ray_address else self.cfg.ray_address
-        out["batch_maker"] = {"kind": "external", "name": f"Ray Data on a Ray cluster ({where})"}
+        what = f", running loader {self.cfg.loader}" if self.cfg.producer_kind == "loader" else ""
+        out["batch_maker"] = {"kind": "external", "name": f"Ray Data on a Ray cluster ({where}){what}"}
         return out
 
     def close(self) -> None:

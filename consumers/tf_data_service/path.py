@@ -39,7 +39,7 @@ def check_reachable(text: str, timeout: float) -> None:
 
 def validate(cfg: Any) -> None:
     if cfg.producer_kind != "loader":  # a --loader's pipeline is checked when it is made (consumers/tf_loader.py)
-        needs_own_work(cfg, NAME, "its workers run", loader=True)
+        needs_own_work(cfg, NAME, "its workers run", loader="tf.data pipeline")
     if cfg.service_mode not in MODES:
         raise ConfigError(f"--service-mode {cfg.service_mode}: choose from {', '.join(MODES)}")
     if cfg.dispatcher:
