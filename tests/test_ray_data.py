@@ -333,7 +333,9 @@ def _worker(run, named: tuple[str, ...], deadline: float) -> psutil.Process:
 def test_a_ray_worker_killed_mid_run_is_named_and_the_run_counts_every_image(procs, short_tmp, tmp_path):
     """A worker running the pipeline's tasks, SIGKILLed: Ray retries its task, the run goes on and says so."""
     out = tmp_path / "r.json"
-    run, printed = _mid_run(procs, short_tmp, "--json", str(out))
+    # A batch a block: the pipeline's tasks run all through the run (blocks of 8 tiny batches are all made
+    # before the first window ends, and no task is left to kill).
+    run, printed = _mid_run(procs, short_tmp, "--ray-block-batches", "1", "--json", str(out))
     worker = _worker(run, ("ReadRange", "MapBatches"), time.monotonic() + 60)
     engine = [p for p in descendants(run.pid) if is_engine(p)]
     worker.kill()
