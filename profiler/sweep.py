@@ -178,8 +178,7 @@ def rows_of(runs: list[dict]) -> list[dict]:
                     "use_xla_compile": c["use_xla_compile"],
                     "image_size": c["image_size"],
                     "input_only": c["input_only"],
-                    # Emulated runs say so in every row, with the rate per device (the source is in the JSON).
-                    "model": f"emulated {c['emulation']['device']}" if c.get("emulation") else "ResNet-50",
+                    "model": _model(c),
                     "emulated_images_per_sec_per_device": (c.get("emulation") or {}).get("images_per_sec"),
                     "images_per_sec": r["images_per_sec"]["median"],
                     "images_per_sec_min": r["images_per_sec"]["min"],
@@ -215,6 +214,14 @@ def rows_of(runs: list[dict]) -> list[dict]:
         if base:
             r["scaling_efficiency"] = r["images_per_sec"] / (r["num_gpus"] * base)
     return rows
+
+
+def _model(c: dict) -> str:
+    """What a row trained: emulated runs say so in every row (with the rate per device in another column), and
+    an --input-only run trained nothing."""
+    if c.get("emulation"):
+        return f"emulated {c['emulation']['device']}"
+    return "none (input only)" if c.get("input_only") else "ResNet-50"
 
 
 def _capacity_cells(c: dict | None) -> dict:

@@ -231,6 +231,7 @@ def test_sweep_writes_four_files_that_agree(tmp_path):
     assert rows[0]["scaling_efficiency"] == 1.0
     md = (out / "results.md").read_text()
     assert sum(1 for ln in md.splitlines() if ln.startswith("| `gpu` ")) == 2 and "scaling eff." in md
+    assert [r["model"] for r in rows] == ["none (input only)"] * 2 and "ResNet-50" not in md  # nothing trained
     # 13 x (4.5 + 0.9) inches at 100 dpi: one row of plots, the legend and its caption under them.
     assert png_size(out / "results.png") == (1300, 540)
     assert doc["runs"][1]["paths"]["gpu"]["telemetry"]["trainer"]["images_per_sec"] == rows[1]["images_per_sec"]
