@@ -248,6 +248,9 @@ def samples_per_epoch(opts: Options, workers: list[int] | None = None) -> tuple[
     return in_fresh_process(opts.spec.name, "the epoch-counting process", epoch_counts, opts, workers)
 
 
+_STOPPING = threading.Lock()  # the run's own ending and a Ctrl-C's clean-up may call stop_trees at once
+
+
 def stop_trees(procs: list, readers: list[Connection], stop, name: str) -> None:
     """stop_workers, then whatever the workers' loaders started that outlived them; says what the loader `name`
     left running (each worker's "left" message, core/loader_processes.py).
@@ -257,8 +260,14 @@ def stop_trees(procs: list, readers: list[Connection], stop, name: str) -> None:
     once the run's TMPDIR is gone, or a DataFlow's MultiProcessRunnerZMQ without python-prctl, which never
     does. Each worker leads a process group of its own (`in_worker`) that they are in: they are killed with
     it, first thing, so that nothing of theirs is printed after the one line that says what happened; and
-    those psutil saw below a worker that was still running are killed too.
+    those psutil saw below a worker that was still running are killed too. One call at a time: two threads
+    closing one reader close its descriptor twice (EBADF, or worse, a descriptor opened in between).
     """
+    with _STOPPING:
+        _stop_trees(procs, readers, stop, name)
+
+
+def _stop_trees(procs: list, readers: list[Connection], stop, name: str) -> None:
     for p in procs:
         if p.pid is not None and not p.is_alive():  # it was killed: its group is all that is left of it
             with contextlib.suppress(OSError):
