@@ -299,8 +299,10 @@ def test_loader_only_agrees_with_a_plain_loop(data, tmp_path):
     after = _plain_loop_rate(data, 3.0)
     assert code == 0, err
     one = json.loads(js.read_text())["points"][0]
-    plain = (before + after) / 2
-    assert abs(one["images_per_sec"] - plain) <= 0.10 * plain, (
+    # The machine's own speed may drift between the two plain loops (484 then 363 images/s, with nothing else
+    # running, on a fresh-clone suite): the run in between is compared with the range they span, 10% either way.
+    low, high = 0.9 * min(before, after), 1.1 * max(before, after)
+    assert low <= one["images_per_sec"] <= high, (
         f"--loader-only {one['images_per_sec']:.0f} img/s, plain loop {before:.0f} and {after:.0f}"
     )
 

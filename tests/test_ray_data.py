@@ -87,21 +87,26 @@ def test_resnet50_trains_on_two_ranks_and_every_image_comes_once(tmp_path):
     assert [x["rank"] for x in ray["ranks"]] == [0, 1] and all(x["images_per_sec"] > 0 for x in ray["ranks"])
 
 
-def test_the_stand_in_decodes_a_folder_from_the_command_line_and_matches_the_schema(procs, short_tmp, tmp_path):
-    from producers.dataset import make_dataset
-
-    make_dataset(tmp_path / "data", classes=2, per_class=4, seed=1)
+def _stand_in(procs, short_tmp: str, tmp_path, *extra: str) -> dict:
+    """The stand-in from the command line on a Ray cluster of one CPU: its ray-data result, schema-checked."""
     out = tmp_path / "r.json"
     run = procs.start(
         "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
-        "--ray-cpus", "1", "--producer-kind", "decode", "--data", str(tmp_path / "data"), *SMALL,
-        "--ray-block-batches", "3", "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
+        "--ray-cpus", "1", *SMALL, *extra, "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
     )  # fmt: skip
     stdout, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-3000:]
     doc = json.loads(out.read_text())
     check_report(doc)
-    r = doc["paths"][PATH]
+    return doc["paths"][PATH]
+
+
+def test_the_stand_in_decodes_a_folder_from_the_command_line_and_matches_the_schema(procs, short_tmp, tmp_path):
+    from producers.dataset import make_dataset
+
+    make_dataset(tmp_path / "data", classes=2, per_class=4, seed=1)
+    r = _stand_in(procs, short_tmp, tmp_path, "--producer-kind", "decode", "--data", str(tmp_path / "data"),
+                  "--ray-block-batches", "3")  # fmt: skip
     _delivered_once(r, 1)
     assert r["ratio_to_baseline"] > 0 and 0 <= r["telemetry"]["input_wait_share"] <= 1
     assert any("decoded_rows" in op["name"] for op in r["ray"]["operators"])
@@ -119,17 +124,8 @@ def test_the_stand_in_reads_a_map_style_loader_in_ray_actors_and_every_image_com
     from producers.dataset import make_dataset
 
     make_dataset(tmp_path / "data", classes=2, per_class=2, seed=1)
-    out = tmp_path / "r.json"
-    run = procs.start(
-        "bench_input.py", "--framework", "torch", "--fake-location", PATH, "--num-gpus", "1", "--input-only",
-        "--ray-cpus", "1", "--loader", f"{LOADER}:make_dataset", "--loader-arg", f"data={tmp_path / 'data'}",
-        *SMALL, "--json", str(out), env={**os.environ, "TMPDIR": short_tmp},
-    )  # fmt: skip
-    stdout, err = run.communicate(timeout=300)
-    assert run.returncode == 0, err[-3000:]
-    doc = json.loads(out.read_text())
-    check_report(doc)
-    r = doc["paths"][PATH]
+    r = _stand_in(procs, short_tmp, tmp_path, "--loader", f"{LOADER}:make_dataset", "--loader-arg",
+                  f"data={tmp_path / 'data'}")  # fmt: skip
     _delivered_once(r, 1)  # 6 images of a 4-image dataset: sequence numbers, not samples, are counted
     assert any("MapBatches(LoaderRows)" in op["name"] for op in r["ray"]["operators"]), r["ray"]["operators"]
     assert f"running loader {LOADER}:make_dataset" in r["input"]["batch_maker"]["name"]

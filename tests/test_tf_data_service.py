@@ -156,26 +156,35 @@ def test_a_loader_with_dynamic_sharding_is_counted_per_pass_and_says_what_is_not
     assert result["service"]["not_checked"].startswith("each source element handed to one worker only")
 
 
+NEEDS_PYTHON = (
+    "; the tf.data service's workers run the pipeline's graph in processes of their own, without this process's "
+    "Python: build it from TensorFlow ops only (tf.io, tf.image, Dataset.map of TensorFlow functions), or run this "
+    "loader as producers (--fake-location zmq-consume) or inside the trainer (--fake-location loader)"
+)
+
+
 @pytest.mark.parametrize(
     ("name", "why"),
     [
-        ("from_generator", "its tf.data pipeline calls Python (Dataset.from_generator)"),
-        ("py_function", "its tf.data pipeline calls Python (tf.py_function)"),
-        ("generator", "it returns an iterable (a generator or the like), not a tf.data.Dataset"),
+        ("from_generator", "its tf.data pipeline calls Python (Dataset.from_generator)" + NEEDS_PYTHON),
+        ("py_function", "its tf.data pipeline calls Python (tf.py_function)" + NEEDS_PYTHON),
+        ("generator", "it returns an iterable (a generator or the like), not a tf.data.Dataset" + NEEDS_PYTHON),
+        (
+            "floats",
+            "images are float32 (2, 8, 8, 3); the model takes uint8 NHWC: end the pipeline with "
+            "tf.cast(tf.clip_by_value(x, 0, 255), tf.uint8)",
+        ),
     ],
 )
-def test_a_loader_that_needs_python_in_the_loop_is_refused_in_one_line_before_the_service_starts(tmp_path, name, why):
+def test_a_loader_the_workers_cannot_run_or_the_model_cannot_take_is_one_line_before_the_service_starts(
+    tmp_path, name, why
+):
     (tmp_path / "python_loaders.py").write_text(PYTHON_LOADERS)
     loader = f"{tmp_path / 'python_loaders.py'}:{name}"
     others = {p.pid for p in engine_processes()}  # the module's service, if it is up
     with pytest.raises(LoaderError) as e:
         run_path(small(producer_kind="loader", loader=loader, image_size=8), PATH, False)
-    assert str(e.value) == (
-        f"loader {loader}: {why}; the tf.data service's workers run the pipeline's graph in processes of their own, "
-        "without this process's Python: build it from TensorFlow ops only (tf.io, tf.image, Dataset.map of "
-        "TensorFlow functions), or run this loader as producers (--fake-location zmq-consume) or inside the "
-        "trainer (--fake-location loader)"
-    )
+    assert str(e.value) == f"loader {loader}: {why}"
     assert not engine_processes(others)
 
 
@@ -190,19 +199,6 @@ def test_the_path_takes_a_loader_and_names_it_among_the_work_its_workers_run():
         f"--fake-location {PATH} with --producer-kind dali: its workers run synthetic or decode work "
         "(--producer-kind synthetic|decode), or your --loader's tf.data pipeline"
     )
-
-
-def test_a_loader_whose_batches_the_model_cannot_take_is_one_line_before_the_service_starts(tmp_path):
-    (tmp_path / "python_loaders.py").write_text(PYTHON_LOADERS)
-    loader = f"{tmp_path / 'python_loaders.py'}:floats"
-    others = {p.pid for p in engine_processes()}  # the module's service, if it is up
-    with pytest.raises(LoaderError) as e:
-        run_path(small(producer_kind="loader", loader=loader, image_size=8), PATH, False)
-    assert str(e.value) == (
-        f"loader {loader}: images are float32 (2, 8, 8, 3); the model takes uint8 NHWC: end the pipeline with "
-        "tf.cast(tf.clip_by_value(x, 0, 255), tf.uint8)"
-    )
-    assert not engine_processes(others)
 
 
 def test_an_unreachable_dispatcher_is_one_line_naming_it():
