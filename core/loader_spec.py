@@ -55,13 +55,15 @@ def is_file_target(module_text: str) -> bool:
     return module_text.endswith(".py") or os.sep in module_text or os.path.isfile(module_text)
 
 
-def absolute_target(target: str) -> str:
-    """--loader with its file made absolute, so processes started in another folder find the same file."""
+def absolute_target(target: str, project_relative: bool = True) -> str:
+    """--loader with its file made absolute, so processes started in another folder find the same file; one in
+    the project's folder is kept as typed (`project_relative`) for processes that start there (producers,
+    ranks), not for those that do not (Ray's workers)."""
     module, sep, name = target.rpartition(":")
     if not (sep and module and is_file_target(module) and os.path.isfile(module)):
         return target
     path = os.path.abspath(module)
-    if path == os.path.abspath(os.path.join(PROJECT, module)):
+    if project_relative and path == os.path.abspath(os.path.join(PROJECT, module)):
         return target  # the same file from the project's folder: kept as typed
     return f"{path}:{name}"
 
@@ -367,6 +369,23 @@ def _module_of(obj: Any) -> str:
     return type(obj).__module__ or ""
 
 
+# What a loader's callable returned, in the words of a path that cannot take it (`kind_of`'s kinds).
+KIND_WORDS = {
+    "dataloader": "a torch DataLoader",
+    "dataset": "a map-style dataset",
+    "tf.data": "a tf.data.Dataset",
+    "dataflow": "a tensorpack DataFlow",
+    "iterable": "an iterable (a generator or the like)",
+}
+# Where a loader a path refuses can run instead: the paths that take every kind.
+ELSEWHERE = "run this loader as producers (--fake-location zmq-consume) or inside the trainer (--fake-location loader)"
+
+
+def returned_words(obj: Any) -> str:
+    """What `obj`, a loader's callable's return, is, for a refusal: "a torch DataLoader", "a list"."""
+    return KIND_WORDS.get(kind_of(obj), "a " + type(obj).__name__)
+
+
 def kind_of(obj: Any) -> str:
     """What the loader returned: dataloader, dataset (map-style torch), tf.data, dataflow, or iterable."""
     mro = [c.__module__ + "." + c.__name__ for c in type(obj).__mro__]
@@ -516,19 +535,24 @@ class Batcher:
     def fail(self, what: str) -> LoaderError:
         return LoaderError(f"loader {self.name}: batch {self.count + 1}: {what}")
 
+    def arrays(self, item: Any) -> tuple[np.ndarray, Any]:
+        """An item's (images, labels), the images as numpy; LoaderError saying what the item is otherwise."""
+        pair = _pair(item)
+        if pair is None:
+            raise self.fail(
+                f"yields {type(item).__name__}; expected (images, labels) pairs (a tuple, a list, "
+                "or a dict with 'image' and 'label')"
+            )
+        img, lab = _to_numpy(pair[0]), _to_numpy(pair[1])
+        if not isinstance(img, np.ndarray):
+            raise self.fail(f"images are {type(img).__name__}; expected numpy arrays or torch tensors")
+        return img, lab
+
     def batches(self, items: Iterator[Any]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         pending_img: list[np.ndarray] = []
         pending_lab: list[Any] = []
         for item in items:
-            pair = _pair(item)
-            if pair is None:
-                raise self.fail(
-                    f"yields {type(item).__name__}; expected (images, labels) pairs (a tuple, a list, "
-                    "or a dict with 'image' and 'label')"
-                )
-            img, lab = _to_numpy(pair[0]), _to_numpy(pair[1])
-            if not isinstance(img, np.ndarray):
-                raise self.fail(f"images are {type(img).__name__}; expected numpy arrays or torch tensors")
+            img, lab = self.arrays(item)
             if img.ndim == 3 and np.ndim(lab) == 0:  # one sample: batch it here
                 pending_img.append(img)
                 pending_lab.append(lab)

@@ -22,24 +22,17 @@ import numpy as np
 
 from core import loader_processes
 from core.loader_spec import (
+    ELSEWHERE,
     Batcher,
     LoaderError,
     LoaderSpec,
-    _pair,
-    _to_numpy,
+    absolute_target,
     dataset_length,
     exception_words,
-    is_file_target,
     kind_of,
+    returned_words,
     seed_globals,
 )
-
-KINDS = {  # what a loader that is not map-style returned, in the refusal's words
-    "dataloader": "a torch DataLoader",
-    "tf.data": "a tf.data.Dataset",
-    "dataflow": "a tensorpack DataFlow",
-    "iterable": "an iterable (a generator, an IterableDataset, a list of batches)",
-}
 
 
 class SampleCheck(Batcher):
@@ -54,12 +47,7 @@ class SampleCheck(Batcher):
 
     def image(self, item: Any) -> tuple[np.ndarray, Any]:
         """The sample's (HWC uint8 image of the run's size, integer label), or LoaderError saying what to change."""
-        pair = _pair(item)
-        if pair is None:
-            raise self.fail(f"is {type(item).__name__}; expected an (image, label) pair")
-        img, lab = _to_numpy(pair[0]), _to_numpy(pair[1])
-        if not isinstance(img, np.ndarray):
-            raise self.fail(f"its image is {type(img).__name__}; expected a numpy array or a torch tensor")
+        img, lab = self.arrays(item)
         if img.ndim != 3:
             raise self.fail(f"its image has shape {tuple(img.shape)}; expected one HWC image (H, W, 3)")
         if np.ndim(lab) != 0:
@@ -68,28 +56,19 @@ class SampleCheck(Batcher):
         return images[0], lab
 
 
-def absolute(spec: LoaderSpec) -> LoaderSpec:
-    """The spec with its file made absolute: Ray's workers do not start in the run's folder."""
-    module, _, attr = spec.target.rpartition(":")
-    if not is_file_target(module):
-        return spec
-    return LoaderSpec(f"{os.path.abspath(module)}:{attr}", spec.args, spec.settings)
-
-
 def checked_spec(cfg: Any) -> LoaderSpec:
     """The run's --loader, made once here and refused in one line unless it is a map-style dataset whose first
     sample the model takes; what its callable started is stopped. Rank 0, before Ray starts."""
-    spec = absolute(LoaderSpec.parse(cfg.loader, cfg.loader_arg))
+    # Its file absolute, the project's too: Ray's workers do not start in the project's folder.
+    spec = LoaderSpec.parse(absolute_target(cfg.loader, project_relative=False), cfg.loader_arg)
     offer = {"batch_size": cfg.batch, "image_size": cfg.image_size}
     obj = spec.build(0, 0, 1, offer, timeout=cfg.loader_timeout)
     try:
-        kind = kind_of(obj)
-        if kind != "dataset":
+        if kind_of(obj) != "dataset":
             raise LoaderError(
-                f"loader {spec.name}: it returns {KINDS.get(kind, 'a ' + type(obj).__name__)}; Ray Data hands its "
-                "tasks rows by index, so --fake-location ray-data needs samples by index: return a map-style "
-                "dataset (__getitem__ and __len__, e.g. the Dataset behind your DataLoader), or run this loader as "
-                "producers (--fake-location zmq-consume) or inside the trainer (--fake-location loader)"
+                f"loader {spec.name}: it returns {returned_words(obj)}; Ray Data hands its tasks rows by index, "
+                "so --fake-location ray-data needs samples by index: return a map-style dataset (__getitem__ and "
+                f"__len__, e.g. the Dataset behind your DataLoader), or {ELSEWHERE}"
             )
         read(obj, spec.name, dataset_length(obj, spec.name), 0, cfg.image_size)
     finally:

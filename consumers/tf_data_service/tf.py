@@ -34,7 +34,7 @@ from consumers.tf_loader import fitted, python_calls
 from core import loader_processes
 from core.errors import InputError
 from core.images.files import DatasetError, list_images
-from core.loader_spec import LoaderError, LoaderSpec, kind_of
+from core.loader_spec import ELSEWHERE, LoaderError, LoaderSpec, kind_of, returned_words
 from core.registry import register
 from frameworks.tf_env import import_tf
 from profiler.cpu import tree_cpu_seconds
@@ -48,12 +48,6 @@ NOT_CHECKED = (
     "each source element handed to one worker only: a --loader's batches are numbered in each worker's pass "
     "(checked there, in producers), not in its source"
 )
-LOADER_KINDS = {
-    "dataloader": "a torch DataLoader",
-    "dataset": "a map-style dataset",
-    "dataflow": "a tensorpack DataFlow",
-    "iterable": "an iterable (a generator or the like)",
-}
 TILES = 8  # cached source images, as the synthetic producers lay their batches out (producers/synthetic.py)
 ENDLESS = 2**62  # the source's length: the run ends it, not the source
 
@@ -93,10 +87,9 @@ def user_pipeline(cfg: Any, images_spec, labels_spec) -> tf.data.Dataset:
     offer = {"batch_size": int(images_spec.shape[0]), "image_size": int(images_spec.shape[1])}
     graph = tf.compat.v1.get_default_graph()  # the helper thread builds the dataset into the model's graph
     ds = spec.build(0, 0, 1, offer, timeout=cfg.loader_timeout, context=graph.as_default)
-    kind = kind_of(ds)
     why = None
-    if kind != "tf.data":
-        why = f"it returns {LOADER_KINDS.get(kind, 'a ' + type(ds).__name__)}, not a tf.data.Dataset"
+    if kind_of(ds) != "tf.data":
+        why = f"it returns {returned_words(ds)}, not a tf.data.Dataset"
     elif calls := python_calls(ds):
         why = f"its tf.data pipeline calls Python ({', '.join(calls)})"
     if why is not None:
@@ -104,8 +97,7 @@ def user_pipeline(cfg: Any, images_spec, labels_spec) -> tf.data.Dataset:
         raise LoaderError(
             f"loader {spec.name}: {why}; the tf.data service's workers run the pipeline's graph in processes of "
             "their own, without this process's Python: build it from TensorFlow ops only (tf.io, tf.image, "
-            "Dataset.map of TensorFlow functions), or run this loader as producers (--fake-location zmq-consume) "
-            "or inside the trainer (--fake-location loader)"
+            f"Dataset.map of TensorFlow functions), or {ELSEWHERE}"
         )
     return fitted(spec, ds, images_spec, labels_spec).repeat().enumerate()
 

@@ -157,9 +157,6 @@ class Connection {
   // well-formed message of either format (a slot message's bytes once its slot was read).
   std::map<uint32_t, ProducerCount> ProducerCounts() const;
   void Totals(int64_t* messages, int64_t* bytes) const;
-  // Counts a message that a wrapper accepted after Receive (e.g. a slot
-  // message whose batch was read from shared memory).
-  void Account(const Message& msg);
 
   // Peers the CURVE handshake turned away so far, and why (empty if none):
   // added to timeout errors so a run fed by a producer with the wrong keys
@@ -180,6 +177,8 @@ class Connection {
   Status OpenCurve();
   void AuthLoop();
   Status TakeMessage(Message* msg);
+  // Counts a well-formed message as Receive takes it (its bytes, but a slot message's: ResolveSlot's).
+  void Account(const Message& msg);
   void AddBytesLocked(uint64_t add);  // with stats_mu_ held
   Status StopReason(const std::function<bool()>& cancelled, int64_t deadline_ms, int64_t timeout_ms) const;
 
