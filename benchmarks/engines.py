@@ -2,7 +2,8 @@
 
 For the engines compared with the ZMQ producers (docs/engines.md): each
 path's ratio to the baseline, the CPU its input used per image (the
-producers' or the engine's processes, and the trainer's receive threads),
+producers' or the engine's processes, and the trainer's receive threads,
+as either trainer measured them: profiler/cpu.py `result_input_cores`),
 the time to its first batch and the bytes each image took on the wire
 (per message, so a batch's header counts; the tf.data service's are its payload),
 read from a `bench_input.py --sweep --out DIR` run's results.json.
@@ -17,6 +18,7 @@ import sys
 from tabulate import tabulate
 
 from core.registry import BASELINE
+from profiler.cpu import result_input_cores
 
 
 def rows(document: dict) -> list[list]:
@@ -28,7 +30,7 @@ def rows(document: dict) -> list[list]:
         for name, r in paths.items():
             ips = (r.get("images_per_sec") or {}).get("median")
             tele = r.get("telemetry") or {}
-            cores = (((tele.get("cpu") or {}).get("input") or {}).get("total") or {}).get("cores")
+            cores = result_input_cores(r)
             wire = tele.get("wire") or {}
             out.append(
                 [

@@ -182,6 +182,17 @@ def input_snapshot() -> tuple[float, float, float]:
     return time.perf_counter(), procs, threads
 
 
+def result_input_cores(result: dict) -> float | None:
+    """The cores a path's input used over a result's timed windows, whichever trainer measured them: the
+    TensorFlow trainer's meter (its input processes and receive threads, `telemetry.cpu`), else the PyTorch
+    ranks' (the processes they started, a Ray cluster of their own among them, and their input threads,
+    `input_cpu`, from `input_cores`); None where neither did."""
+    meter = (((result.get("telemetry") or {}).get("cpu") or {}).get("input") or {}).get("total") or {}
+    if meter.get("cores") is not None:
+        return meter["cores"]
+    return (result.get("input_cpu") or {}).get("cores")
+
+
 def input_cores(a: tuple[float, float, float], b: tuple[float, float, float]) -> dict:
     """The input side's CPU cores between two `input_snapshot`s: its processes', its threads', and both."""
     wall = b[0] - a[0]

@@ -14,6 +14,7 @@ import math
 
 from tabulate import tabulate
 
+from profiler.cpu import result_input_cores
 from profiler.loader_report import Demand, demand_words
 from profiler.training import invalid_reason
 
@@ -55,7 +56,7 @@ def feeding(result: dict, wanted: list[Demand], loader: str | None = None, given
     workers) while the path fell short: something else limits it (gpu-decode's decoding on the rank, on the
     H200 of 2026-11-28: 1.2 of 4 cores busy), and more cores would not feed a faster device.
     """
-    cores = (result.get("input_cpu") or {}).get("cores")
+    cores = result_input_cores(result)
     cores = cores if cores is not None and cores >= NOT_TOLD_APART else None
     rate = (result.get("images_per_sec") or {}).get("median") or 0.0
     per_core = rate / cores if cores else None

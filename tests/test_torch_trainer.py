@@ -176,11 +176,13 @@ def test_silent_endpoint_stops_every_rank_with_one_line_and_no_json(procs, ipc_d
 
 
 def test_sweep_runs_one_launch_per_grid_point(procs, tmp_path):
+    """Each batch size its own launch; the engines table (benchmarks/engines.py) reads every path's input CPU
+    from the PyTorch ranks' own meter."""
     out = tmp_path / "sweep"
     p = procs.start(
-        "bench_input.py", "--framework", "torch", "--sweep", "--fake-location", "gpu", "--input-only",
+        "bench_input.py", "--framework", "torch", "--sweep", "--fake-location", "gpu,zmq-consume", "--input-only",
         "--num-gpus", "1", "--batch", "2,4", "--image-size", "32", "--warmup-steps", "1", "--steps", "2",
-        "--repeats", "1", "--out", str(out),
+        "--repeats", "1", "--producers", "1", "--out", str(out),
     )  # fmt: skip
     stdout, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
@@ -188,6 +190,12 @@ def test_sweep_runs_one_launch_per_grid_point(procs, tmp_path):
     assert [r["config"]["batch"] for r in doc["runs"]] == [2, 4]
     assert all(r["config"]["framework"] == "torch" for r in doc["runs"])
     assert {f.name for f in out.iterdir()} >= {"results.json", "results.csv", "results.md"}
+    table = procs.start("-m", "benchmarks.engines", str(out / "results.json"))
+    stdout, err = table.communicate(timeout=60)
+    assert table.returncode == 0, err
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["gpu", "zmq-consume"] * 2, stdout
+    assert all(float(r[3]) >= 0 for r in rows), stdout  # input CPU ms/image: a figure, not "not measured"
 
 
 def test_dali_says_where_it_decoded(every_path):
