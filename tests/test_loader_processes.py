@@ -159,14 +159,19 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+# PyTorch's warning that a DataLoader has more workers than the process's cores (under `taskset -c 0`): the
+# loader's own line, machine-dependent, not the run's.
+FEW_CORES_WARNING = "ignore:This DataLoader will create:UserWarning"
+
+
 def loader_run(tmp_path: Path, tmp: Path, loader: str, *flags: str) -> subprocess.Popen:
     """bench_input.py --loader-only on `loader` (a file's text), with TMPDIR `tmp`."""
     (tmp_path / "the_loader.py").write_text(loader)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), "PYTHONWARNINGS": FEW_CORES_WARNING}
     p = subprocess.Popen(
         [sys.executable, "bench_input.py", "--loader", f"{tmp_path}/the_loader.py:make", "--loader-only",
          "--no-stages", *flags],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}, start_new_session=True,
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT, env=env, start_new_session=True, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     return p
 
