@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import stat
 
 PARENT_ENV = "FEEDBENCH_PARENT_PID"
 RUN_DIR_ENV = "FEEDBENCH_RUN_DIR"
+TMPDIR_ENV = "FEEDBENCH_PRODUCERS_TMPDIR"  # the producers' private TMPDIR (runner/producer_group.py)
 _PR_SET_PDEATHSIG = 1
 
 _expected: int | None = None
 _run_dir: str | None = None
+_tmpdir: str | None = None
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -40,9 +43,10 @@ def watch() -> None:
     The variables are taken out of the environment so that workers (which
     watch the producer instead) and anything they start do not inherit them.
     """
-    global _expected, _run_dir
+    global _expected, _run_dir, _tmpdir
     pid = os.environ.pop(PARENT_ENV, None)
     _run_dir = os.environ.pop(RUN_DIR_ENV, None)
+    _tmpdir = os.environ.pop(TMPDIR_ENV, None)
     if not pid or not pid.isdigit():
         return
     _expected = int(pid)
@@ -63,8 +67,13 @@ def clean_run_dir(own: list[str] = ()) -> None:
 
     Every producer does this; whichever removes the last of its files also removes the folder.
     (A run's shm:// endpoint leaves nothing to remove: its sockets are abstract and its regions anonymous.)
+    The producers' private TMPDIR goes too, whatever is in it: the dead run would have removed it.
     """
-    if not _run_dir or not gone():
+    if not gone():
+        return
+    if _tmpdir:
+        shutil.rmtree(_tmpdir, ignore_errors=True)
+    if not _run_dir:
         return
     for path in own:
         try:

@@ -141,8 +141,8 @@ def wait_until_steps(pid: int) -> None:
 
 
 def run_folders(tmp: str) -> list[str]:
-    """The run folders (sockets, rank files) left in TMPDIR `tmp`."""
-    return [d for d in os.listdir(tmp) if d.startswith("feedbench-")]
+    """The run folders (sockets, rank files) and its producers' TMPDIRs (fb-*) left in TMPDIR `tmp`."""
+    return [d for d in os.listdir(tmp) if d.startswith(("feedbench-", "fb-"))]
 
 
 def one_error_line(err: str) -> str:

@@ -77,8 +77,8 @@ def bad(tmp_path_factory) -> str:
     return str(path)
 
 
-def start(*args: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def start(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.Popen(
         [sys.executable, *args], cwd=ROOT, env=env, start_new_session=True, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw,
@@ -373,8 +373,10 @@ def test_loader_only_runs_the_tf_data_and_dataflow_examples(data, tmp_path, load
 
 
 @pytest.mark.parametrize("loader", [f"{TV}:make_loader", TF_DATA, DATAFLOW])
-def test_a_loader_feeds_zmq_consume_and_its_capacity_is_found(data, tmp_path, loader):
-    """Each kind of loader as the run's producers; the capacity search (minutes of probes) runs for one of them."""
+def test_a_loader_feeds_zmq_consume_and_its_capacity_is_found(data, tmp_path, ipc_dir, loader):
+    """Each kind of loader as the run's producers; the capacity search (minutes of probes) runs for one of them.
+    Nothing is left in the run's TMPDIR: the DataLoader workers stopped with each probe's producers left
+    multiprocessing's pymp-* folders there."""
     search = loader == f"{TV}:make_loader"
     js = tmp_path / "run.json"
     how = (
@@ -384,9 +386,11 @@ def test_a_loader_feeds_zmq_consume_and_its_capacity_is_found(data, tmp_path, lo
     )
     p = start("bench_input.py", "--fake-location", "zmq-consume", "--loader", loader,
               "--loader-arg", f"data={data}", *how, "--emulate-rate", "100", "--num-gpus", "1",
-              "--batch", "4", "--image-size", "32", "--producers", "1", "--json", str(js))  # fmt: skip
+              "--batch", "4", "--image-size", "32", "--producers", "1", "--json", str(js),
+              env={"TMPDIR": ipc_dir})  # fmt: skip
     code, text, err = finish(p, 560)
     assert code == 0, err[-3000:]
+    assert os.listdir(ipc_dir) == []
     doc = json.loads(js.read_text())
     r = doc["paths"]["zmq-consume"]
     assert r["input"]["batch_maker"] == {"kind": "loader", "name": f"loader {loader}", "loader": loader, "workers": 1}
