@@ -77,7 +77,7 @@ class RunDir:
 MP_SOCKET = "/pymp-00000000/listener-00000000"
 
 
-def private_tmpdir() -> str:
+def producers_tmpdir() -> str:
     """A TMPDIR for a group of producers, removed once they are stopped (by the run, or by the producers where
     the run died first, producers/parent.py): what their loaders leave there goes with it, such as the pymp-*
     folders of DataLoader workers ended by a signal, which skip multiprocessing's clean-up. Under the run's
@@ -122,7 +122,7 @@ class ProducerGroup:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
-        self.tmpdir: str | None = None  # the producers' TMPDIR (private_tmpdir), removed once they are stopped
+        self.tmpdir: str | None = None  # the producers' TMPDIR (producers_tmpdir), removed once they are stopped
 
     def start(self) -> ProducerGroup:
         # The producers die with this process (PR_SET_PDEATHSIG is tied to the thread that starts them:
@@ -130,7 +130,7 @@ class ProducerGroup:
         env = {**os.environ, PARENT_ENV: str(os.getpid())}
         if self.run_dir:
             env[RUN_DIR_ENV] = self.run_dir
-        self.tmpdir = private_tmpdir()
+        self.tmpdir = producers_tmpdir()
         env["TMPDIR"] = env[TMPDIR_ENV] = self.tmpdir
         shutdown.register(self.stop)
         for cmd in self.commands:
