@@ -1,4 +1,5 @@
-"""A folder removed when the run exits, however it exits: SIGKILL of its whole process group included.
+"""A run's private TMPDIR: short enough for the sockets made in it, and removed when the run exits, however it
+exits: SIGKILL of its whole process group included.
 
 A run's private TMPDIR (runner/loader_only.py `private_tmpdir`) is removed by
 the run at its end or on a signal, and by its loader processes where the run
@@ -10,8 +11,12 @@ holds, and removes the folder once that pipe reads end-of-file.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
+
+from wire.endpoints import IPC_PATH_MAX
 
 GRACE_S = 3.0  # after the run's end, time for its loader processes to stop theirs and remove the folder first
 
@@ -25,6 +30,19 @@ while os.path.exists(folder) and time.monotonic() < deadline:
     time.sleep(0.05)
 shutil.rmtree(folder, ignore_errors=True)
 """
+
+
+# The deepest socket a loader's multiprocessing makes in its TMPDIR (a worker handing over a descriptor).
+MP_SOCKET = "/pymp-00000000/listener-00000000"
+
+
+def private_tmpdir_folder() -> str:
+    """A new folder (fb-*) for processes' TMPDIR, under the run's TMPDIR, or /tmp where that is too long for
+    multiprocessing's sockets inside it (sun_path holds 107 bytes)."""
+    base = tempfile.gettempdir()
+    if len(os.fsencode(base)) + len("/fb-00000000") + len(MP_SOCKET) > IPC_PATH_MAX:
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix="fb-", dir=base)
 
 
 class FolderReaper:

@@ -20,7 +20,6 @@ import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +41,7 @@ from profiler.timeline import Timeline
 from profiler.timeline import out_files as timeline_files
 from profiler.uncertainty import BOUNDARY_BATCHES, median_interval, not_measured, window_rate
 from runner import shutdown
-from runner.folder_reaper import FolderReaper
+from runner.folder_reaper import FolderReaper, private_tmpdir_folder
 
 # Per worker, in shared memory: batches so far, images in the window, window start, last batch end, images so far.
 _FIELDS = 5
@@ -435,7 +434,7 @@ def private_tmpdir() -> Iterator[str]:
     A worker stopped mid-way, and its DataLoader's worker processes, leave
     multiprocessing's pymp-* folders (and whatever the loader wrote there) behind.
     """
-    folder = tempfile.mkdtemp(prefix="fb-")  # short: sockets go in it, and their paths are limited
+    folder = private_tmpdir_folder()  # short: sockets go in it, and their paths are limited
     reaper = FolderReaper(folder)  # and where the run and its processes were all killed at once
     before = {k: os.environ.get(k) for k in ("TMPDIR", RUN_TMPDIR_ENV)}
 

@@ -31,6 +31,7 @@ from core.errors import ConfigError, InputError
 from producers import commands
 from producers.parent import PARENT_ENV, RUN_DIR_ENV, TMPDIR_ENV
 from runner import shutdown
+from runner.folder_reaper import private_tmpdir_folder
 from wire.endpoints import IPC_PATH_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,21 +74,6 @@ class RunDir:
             self.made = False
 
 
-# The deepest socket a loader's multiprocessing makes in its TMPDIR (a worker handing over a descriptor).
-MP_SOCKET = "/pymp-00000000/listener-00000000"
-
-
-def producers_tmpdir() -> str:
-    """A TMPDIR for a group of producers, removed once they are stopped (by the run, or by the producers where
-    the run died first, producers/parent.py): what their loaders leave there goes with it, such as the pymp-*
-    folders of DataLoader workers ended by a signal, which skip multiprocessing's clean-up. Under the run's
-    TMPDIR, or /tmp where that is too long for multiprocessing's sockets inside it."""
-    base = tempfile.gettempdir()
-    if len(os.fsencode(base)) + len("/fb-00000000") + len(MP_SOCKET) > IPC_PATH_MAX:
-        base = "/tmp"
-    return tempfile.mkdtemp(prefix="fb-", dir=base)
-
-
 class ProducerDied(InputError):
     """A producer exited while the run still needed it."""
 
@@ -122,7 +108,7 @@ class ProducerGroup:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
-        self.tmpdir: str | None = None  # the producers' TMPDIR (producers_tmpdir), removed once they are stopped
+        self.tmpdir: str | None = None  # the producers' TMPDIR, removed once they are stopped
 
     def start(self) -> ProducerGroup:
         # The producers die with this process (PR_SET_PDEATHSIG is tied to the thread that starts them:
@@ -130,7 +116,10 @@ class ProducerGroup:
         env = {**os.environ, PARENT_ENV: str(os.getpid())}
         if self.run_dir:
             env[RUN_DIR_ENV] = self.run_dir
-        self.tmpdir = producers_tmpdir()
+        # Their TMPDIR, removed once they are stopped (by the run, or by the producers where the run died first,
+        # producers/parent.py): what their loaders leave there goes with it, such as the pymp-* folders of
+        # DataLoader workers ended by a signal, which skip multiprocessing's clean-up.
+        self.tmpdir = private_tmpdir_folder()
         env["TMPDIR"] = env[TMPDIR_ENV] = self.tmpdir
         shutdown.register(self.stop)
         for cmd in self.commands:
